@@ -1,0 +1,38 @@
+"""One error type for everything a user can get wrong.
+
+The CLI catches `TensorplanError` and prints its message (no traceback); every
+message names the node, op, file or field at fault and says what to do.
+"""
+from __future__ import annotations
+
+
+class TensorplanError(Exception):
+    """Base class of every error tensorplan raises on bad input or state."""
+
+
+class ModelImportError(TensorplanError):
+    """The ONNX file cannot become a static `Graph` (corrupt, dynamic, unsupported)."""
+
+
+class UnsupportedOperatorError(ModelImportError):
+    """One or more operators have no implementation; lists them all at once."""
+
+    def __init__(self, ops: list[tuple[str, str]]):
+        self.ops = ops
+        lines = "\n".join(f"  - {op} (node '{name}')" for name, op in ops)
+        super().__init__(
+            f"{len(ops)} node(s) use unsupported operators:\n{lines}\n"
+            "Export the model without them or open an issue with the op types above."
+        )
+
+
+class StoreError(TensorplanError):
+    """The measurement store is missing, corrupt or of an unknown schema."""
+
+
+class PlanError(TensorplanError):
+    """A plan failed verification or its solve failed."""
+
+
+class CompileError(TensorplanError):
+    """A kernel failed to lower or compile."""

@@ -1,0 +1,4 @@
+"""Graph IR, ONNX import/export, fission and the model zoo (imports nothing else of ours)."""
+from .ir import Graph, Node, Tensor
+
+__all__ = ["Graph", "Node", "Tensor"]
