@@ -19,6 +19,7 @@ err_console = Console(stderr=True)
 
 # Each module defines `register(app: typer.Typer)`; add yours here (one line).
 _COMMAND_MODULES = (
+    "demo",
 )
 
 for _mod in _COMMAND_MODULES:

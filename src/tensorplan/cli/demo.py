@@ -1,0 +1,44 @@
+"""`tensorplan demo`: the main job on a bundled model."""
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def demo(model: str = typer.Argument("candy", help="Zoo name or ONNX path."),
+             threads: int = typer.Option(2, help="Intra-op threads for every runtime."),
+             opset: int = typer.Option(17, help="Opset of the zoo export."),
+             as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+        """Import MODEL, check tensorplan's reference executor against ONNX Runtime, and show
+        the device and per-operator timings."""
+        from ..workflows.demo import run_demo
+
+        con = Console()
+        with con.status(f"importing and running {model} ..."):
+            rep = run_demo(model, threads=threads, opset=opset)
+        if as_json:
+            print(json.dumps(rep.to_dict(), indent=2, default=str))
+            raise typer.Exit(0 if rep.agree else 1)
+        d = rep.device
+        con.print(f"[bold]device[/]: {d['name']} — {d.get('cores')} cores, "
+                  f"{d.get('peak_fp32_gflops', 0):.0f} GFLOP/s matmul (measured), "
+                  f"{d.get('mem_bw_gbs', 0):.1f} GB/s (measured)")
+        con.print(f"[bold]model[/]: {rep.model} — {rep.nodes} nodes, {rep.params / 1e6:.2f} M params, "
+                  f"{rep.gflops:.2f} GFLOPs, imported in {rep.import_s:.2f} s")
+        ok = "[green]agree[/]" if rep.agree else "[red]DISAGREE[/]"
+        con.print(f"ONNX Runtime median {rep.ort_median_ms:.2f} ms (CoV {rep.ort_cov:.1%}); "
+                  f"reference executor {rep.reference_ms:.1f} ms; max rel. error "
+                  f"{rep.max_rel_error:.2e} → {ok} (tolerance 1e-4)")
+        t = Table(title="ONNX Runtime time per operator type (per inference)")
+        for col in ("op", "nodes", "ms", "share"):
+            t.add_column(col, justify="right" if col != "op" else "left")
+        for o in rep.per_op:
+            t.add_row(o.op, str(o.count), f"{o.total_ms:.3f}", f"{o.share:.1%}")
+        con.print(t)
+        if not rep.agree:
+            raise typer.Exit(1)

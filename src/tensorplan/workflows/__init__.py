@@ -1,0 +1,1 @@
+"""End-to-end workflows that wire the layers together (the `tensorplan demo` job and friends)."""
