@@ -19,7 +19,9 @@ err_console = Console(stderr=True)
 
 # Each module defines `register(app: typer.Typer)`; add yours here (one line).
 _COMMAND_MODULES = (
+    "inspect",
     "demo",
+    "orchestrate",
 )
 
 for _mod in _COMMAND_MODULES:

@@ -1,0 +1,69 @@
+"""`tensorplan orchestrate`: Korch-style kernel orchestration of a model into a Plan (JSON)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def orchestrate(
+        model: str = typer.Argument(..., help="ONNX path or zoo model name."),
+        output: Path = typer.Option(None, "-o", "--output", help="Write the plan JSON here."),
+        cost: str = typer.Option("measured", "--cost", help="Kernel cost model: measured (compile and "
+                                 "time kernels on this machine; falls back to analytical if unavailable) "
+                                 "or analytical (roofline)."),
+        device: str = typer.Option("local", help="Device name: local, local-1t, local-2t or a catalog name."),
+        input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=D1,D2,... (repeatable)."),
+        opset: int = typer.Option(17, help="Opset of the zoo export (ONNX files keep theirs)."),
+        max_nodes: int = typer.Option(8, "--max-nodes", help="Size cap of a fused kernel (primitives)."),
+        max_reduces: int = typer.Option(2, "--max-reduces", help="Max reduce primitives per kernel (-1: no cap)."),
+        no_recompute: bool = typer.Option(False, "--no-recompute", help="Forbid recomputing primitives."),
+        linear_epilogue: bool = typer.Option(False, "--linear-epilogue",
+                                             help="Let MatMul/Conv absorb an elementwise epilogue."),
+        method: str = typer.Option("blp", help="blp (Korch), greedy (greedy fusion) or none (no fusion)."),
+        no_cuts: bool = typer.Option(False, "--no-cuts", help="Solve the BLP without the valid cuts."),
+        time_limit: float = typer.Option(60.0, "--time-limit", help="Solver time limit (seconds)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
+    ) -> None:
+        """Fission, enumerate candidate kernels, cost them, solve the BLP, write a verified plan."""
+        from ..graph.onnx_import import parse_input_shapes
+        from ..plan.orchestrate import orchestrate as run
+
+        err = Console(stderr=True)
+        plan = run(model, input_shapes=parse_input_shapes(input_shape) or None, opset=opset, device=device,
+                   cost=cost, max_nodes=max_nodes, max_reduces=None if max_reduces < 0 else max_reduces,
+                   linear_epilogue=linear_epilogue, recompute=not no_recompute, cuts=not no_cuts,
+                   time_limit=time_limit, method=method, progress=not as_json,
+                   log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
+        if output is not None:
+            plan.save(output)
+        summ = plan.summary()
+        summ["plan"] = str(output) if output else None
+        if as_json:
+            print(json.dumps(summ, indent=2, default=str))
+            return
+        con = Console()
+        t = Table(title=f"plan for {summ['model']} on {summ['device']}", show_header=False)
+        t.add_row("kernels", f"{summ['kernels']} " + ", ".join(f"{k}: {v}" for k, v in summ["kinds"].items()))
+        t.add_row("predicted latency", f"{plan.predicted_s * 1e3:.3f} ms  (unfused "
+                  f"{plan.stats.get('unfused_s', 0) * 1e3:.3f} ms)")
+        sv = plan.solver
+        gap = sv.get("mip_gap")
+        t.add_row("solver", f"{sv.get('method')} {sv.get('status')}, gap "
+                  f"{'-' if gap is None else f'{gap:.2e}'}, {sv.get('solve_s', 0):.2f}s, "
+                  f"{sv.get('variables')} vars / {sv.get('constraints')} rows")
+        t.add_row("recomputed primitives", str(summ["recomputed_primitives"]))
+        t.add_row("buffer arena", f"{summ['arena_bytes'] / 2**20:.1f} MiB in {len(plan.slots)} slots")
+        tm = plan.timing
+        t.add_row("time", ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in tm.items()))
+        op = summ["opaque"]
+        t.add_row("opaque ops", ", ".join(f"{o} ({n})" for n, o in op[:8]) + (" ..." if len(op) > 8 else "")
+                  if op else "none")
+        if output:
+            t.add_row("written", str(output))
+        con.print(t)

@@ -1,0 +1,141 @@
+"""`DeviceSpec`: what a cost model needs to know about a processor, with a source for every figure.
+
+A spec is plain data (JSON-able). Cost models read `feature_vector()`; the measurement store keys
+records by `key()`, a content hash of the *identity* of the hardware (name, model, core counts,
+caches, ISA, clock). Throughput figures (peak FLOP/s, bandwidth) are left out of the key on purpose:
+re-measuring this machine's bandwidth must not orphan the latencies already stored for it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from ..errors import TensorplanError
+
+# ISA / capability flags that get a slot in the feature vector (order is part of the format).
+ISA_FLAGS: tuple[str, ...] = ("avx2", "avx512f", "fma", "neon", "sve", "fp16", "bf16", "tensor_cores")
+
+# Order of `DeviceSpec.feature_vector()`; bump FEATURE_VERSION when it changes.
+FEATURE_VERSION = 1
+FEATURE_NAMES: tuple[str, ...] = (
+    "is_gpu",               # 1.0 for a GPU, else 0.0
+    "log2_cores",           # log2(1 + cores or SMs)
+    "log2_threads",         # log2(1 + threads used)
+    "clock_ghz",            # as is (0.5 .. 4)
+    "log10_peak_gflops",    # log10(1 + peak fp32 GFLOP/s)
+    "log10_mem_bw_gbs",     # log10(1 + memory bandwidth GB/s)
+    "log10_ridge_flop_per_byte",  # log10(1 + peak/bandwidth): the roofline ridge point
+    "log2_l1_kb",           # log2(1 + per-core/SM L1 data KiB)
+    "log2_l2_kb",           # log2(1 + L2 KiB, per core on CPUs, total on GPUs)
+    "log2_l3_kb",           # log2(1 + last-level / system cache KiB)
+    "log2_gflops_per_core",  # log2(1 + peak / cores)
+    *(f"isa_{f}" for f in ISA_FLAGS),  # 0/1 each
+)
+
+# Fields that identify the hardware (used by key()); throughput figures and sources are excluded.
+_IDENTITY_FIELDS = ("name", "kind", "vendor", "model", "cores", "threads", "clock_ghz",
+                    "l1_kb", "l2_kb", "l3_kb", "isa")
+
+
+@dataclass
+class DeviceSpec:
+    """One processor (a CPU cluster at a thread count, or a GPU) with its datasheet/measured figures.
+
+    Units: clock in GHz, peak in GFLOP/s (fp32), bandwidth in GB/s (1e9 bytes/s, bytes read+written),
+    caches in KiB (L1 = data cache per core/SM; L2 per core for CPUs, total for GPUs; L3 = shared
+    last-level or system cache, 0 if none). `sources` maps each figure's field name to where it came
+    from (datasheet title + URL, "derived: ...", "/proc/cpuinfo", "measured: ..."). `measured` is true
+    when peak/bandwidth were measured on this machine rather than copied from a datasheet.
+    """
+
+    name: str
+    kind: str  # 'cpu' | 'gpu'
+    cores: int
+    threads: int
+    clock_ghz: float
+    peak_fp32_gflops: float
+    mem_bw_gbs: float
+    l1_kb: float = 0.0
+    l2_kb: float = 0.0
+    l3_kb: float = 0.0
+    isa: list[str] = field(default_factory=list)
+    vendor: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+    measured: bool = False
+    model: str = ""          # full marketing/OS model string, e.g. "AMD EPYC 7763 64-Core Processor"
+    mem_gb: float = 0.0      # device memory (GPU) or RAM (CPU), GiB
+    aliases: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. copy vs triad bandwidth, GEMM backend
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("cpu", "gpu"):
+            raise TensorplanError(f"device '{self.name}': field 'kind' must be 'cpu' or 'gpu', got {self.kind!r}")
+        self.isa = sorted({str(f).lower() for f in self.isa})
+
+    # ---- identity -------------------------------------------------------------------------
+    def key(self) -> str:
+        """sha256 of the canonical JSON of the identity fields (not of the throughput figures)."""
+        ident = {k: getattr(self, k) for k in _IDENTITY_FIELDS}
+        ident["clock_ghz"] = round(float(self.clock_ghz), 3)
+        blob = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=_json_default)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    # ---- (de)serialisation ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self), default=_json_default))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DeviceSpec":
+        known = {f.name for f in fields(cls)}
+        missing = [k for k in ("name", "kind", "cores", "threads", "clock_ghz", "peak_fp32_gflops", "mem_bw_gbs")
+                   if k not in d]
+        if missing:
+            raise TensorplanError(f"device spec {d.get('name', '?')!r} lacks field(s) {missing}; "
+                                  "write them (see DeviceSpec in tensorplan.devices.spec)")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    # ---- derived numbers ------------------------------------------------------------------
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Arithmetic intensity at which the roofline turns from memory- to compute-bound."""
+        return self.peak_fp32_gflops / self.mem_bw_gbs if self.mem_bw_gbs > 0 else 0.0
+
+    def feature_vector(self) -> np.ndarray:
+        """Fixed-length float32 vector in FEATURE_NAMES order (log-scaled so devices 1000x apart stay comparable)."""
+        peak, bw = max(self.peak_fp32_gflops, 0.0), max(self.mem_bw_gbs, 0.0)
+        v = [
+            1.0 if self.kind == "gpu" else 0.0,
+            math.log2(1 + self.cores),
+            math.log2(1 + self.threads),
+            float(self.clock_ghz),
+            math.log10(1 + peak),
+            math.log10(1 + bw),
+            math.log10(1 + self.ridge_flop_per_byte),
+            math.log2(1 + self.l1_kb),
+            math.log2(1 + self.l2_kb),
+            math.log2(1 + self.l3_kb),
+            math.log2(1 + peak / max(self.cores, 1)),
+            *(1.0 if f in self.isa else 0.0 for f in ISA_FLAGS),
+        ]
+        return np.asarray(v, dtype=np.float32)
+
+    def short(self) -> str:
+        """One line for tables and logs."""
+        return (f"{self.name}: {self.kind} {self.cores}c/{self.threads}t @{self.clock_ghz:.2f} GHz, "
+                f"{self.peak_fp32_gflops:.0f} GFLOP/s, {self.mem_bw_gbs:.1f} GB/s"
+                + (" (measured)" if self.measured else ""))
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")

@@ -1,0 +1,452 @@
+"""Baseline latency models behind the same `Estimator` face as CDMPP (reference/cdmpp.md §5).
+
+- `TenSetXGB`: XGBoost on the program's per-store features summed over stores (+ leaf count and
+  device features), regressing log latency (CDMPP's "XGB on summed per-store features"; TenSet's
+  hyperparameters). TenSet's own label (throughput normalised per task) cannot give absolute
+  latency, so log seconds is used for every model here.
+- `TenSetMLP`: TenSet's SegmentSumMLP: per-store MLP, sum over stores, two residual blocks; the
+  device vector is added after the sum so one model covers several devices.
+- `TLPModel`: TLP-style model over the schedule trace (the meta-schedule instruction sequence):
+  per-step one-hot kind + numeric arguments, per-step MLP, self-attention, per-step decoder summed.
+- `RooflineLinear`: linear model of log latency on log(FLOPs/peak), log(bytes/bandwidth) and the
+  log roofline bound; the analytical floor every learned model must beat.
+"""
+from __future__ import annotations
+
+import io
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import TensorplanError
+from .cdmpp import (LEAF_DIM, Estimator, FeatureScaler, ProgramArrays, _labelled, as_arrays,
+                    register)
+
+# Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; slot field 4 is
+# unique_bytes (after the 3-way acc_type one-hot and `bytes`). Values are slog-scaled.
+_BUF0, _BUF_W, _N_BUF, _UNIQUE_BYTES = 57, 18, 5, 4
+
+
+def _inv_slog(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * (np.power(2.0, np.abs(x)) - 1.0)
+
+
+def summed_features(arr: ProgramArrays) -> np.ndarray:
+    """[N, 164 + 1 + D]: per-store features summed over stores, log2 leaf count, device vector."""
+    sums = np.add.reduceat(arr.leaf_data.astype(np.float64), arr.offsets[:-1], axis=0) if len(arr) else \
+        np.zeros((0, LEAF_DIM))
+    return np.hstack([sums, np.log2(arr.n_leaves)[:, None], arr.device]).astype(np.float32)
+
+
+def program_bytes(arr: ProgramArrays) -> np.ndarray:
+    """Unique bytes touched per program: sum over stores and buffer slots (de-slogged)."""
+    cols = [_BUF0 + _BUF_W * j + _UNIQUE_BYTES for j in range(_N_BUF)]
+    per_leaf = _inv_slog(arr.leaf_data[:, cols].astype(np.float64)).clip(min=0).sum(1)
+    return np.add.reduceat(per_leaf, arr.offsets[:-1]) if len(arr) else np.zeros(0)
+
+
+def _log_target(y: np.ndarray) -> tuple[np.ndarray, float, float]:
+    ly = np.log(y)
+    return ((ly - ly.mean()) / ly.std()).astype(np.float32), float(ly.mean()), float(max(ly.std(), 1e-9))
+
+
+# --------------------------------------------------------------------------------------------
+@register
+class TenSetXGB(Estimator):
+    """XGBoost on summed per-store features (TenSet params: depth 6, gamma 0.003, mcw 2, eta 0.2)."""
+
+    name = "xgboost"
+
+    def __init__(self, max_depth: int = 6, gamma: float = 0.003, min_child_weight: float = 2.0,
+                 eta: float = 0.2, n_rounds: int = 400, early_stop: int = 100, threads: int | None = None,
+                 seed: int = 0):
+        self.max_depth, self.gamma, self.min_child_weight, self.eta = max_depth, gamma, min_child_weight, eta
+        self.n_rounds, self.early_stop, self.threads, self.seed = n_rounds, early_stop, threads, seed
+        self.booster = None
+
+    def _params(self):
+        p = {"max_depth": self.max_depth, "gamma": self.gamma, "min_child_weight": self.min_child_weight,
+             "eta": self.eta, "objective": "reg:squarederror", "verbosity": 0, "seed": self.seed,
+             "tree_method": "hist"}
+        if self.threads:
+            p["nthread"] = self.threads
+        return p
+
+    def fit(self, train, val=None, target=None):
+        import xgboost as xgb
+
+        tr = as_arrays(train)
+        dtr = xgb.DMatrix(summed_features(tr), label=np.log(_labelled(tr, "xgboost.fit")))
+        evals, kw = [], {}
+        if val is not None and as_arrays(val).latency_s is not None:
+            va = as_arrays(val)
+            evals = [(xgb.DMatrix(summed_features(va), label=np.log(va.latency_s)), "val")]
+            kw["early_stopping_rounds"] = self.early_stop
+        self.booster = xgb.train(self._params(), dtr, num_boost_round=self.n_rounds, evals=evals,
+                                 verbose_eval=False, **kw)
+        return self
+
+    def predict(self, records):
+        import xgboost as xgb
+
+        if self.booster is None:
+            raise TensorplanError("xgboost: the model is not trained")
+        arr = as_arrays(records)
+        kw = {}
+        bi = getattr(self.booster, "best_iteration", None)
+        if bi is not None and self.booster.attr("best_iteration") is not None:
+            kw["iteration_range"] = (0, int(bi) + 1)
+        return np.exp(self.booster.predict(xgb.DMatrix(summed_features(arr)), **kw).astype(np.float64))
+
+    def _state(self):
+        if self.booster is None:
+            raise TensorplanError("xgboost.save: the model is not trained")
+        return {"booster": bytes(self.booster.save_raw("ubj"))}
+
+    def _set_state(self, st):
+        import xgboost as xgb
+
+        self.booster = xgb.Booster(params=self._params())
+        self.booster.load_model(bytearray(st["booster"]))
+
+
+# --------------------------------------------------------------------------------------------
+class _TorchRegressor(Estimator):
+    """Shared training loop for the small torch baselines (MSE on standardised log latency)."""
+
+    def _make_net(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _inputs(self, arr: ProgramArrays, idx: np.ndarray):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _prepare(self, arr: ProgramArrays) -> None:
+        """Fit input normalisers on the training data."""
+
+    def fit(self, train, val=None, target=None):
+        import torch
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        torch.manual_seed(self.seed)
+        tr = as_arrays(train)
+        y = _labelled(tr, f"{self.name}.fit")
+        yn, self.y_mean, self.y_std = _log_target(y)
+        self.dev_dim = tr.device.shape[1]
+        self._prepare(tr)
+        self.net = self._make_net()
+        va = as_arrays(val) if val is not None else None
+        opt = torch.optim.Adam(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        rng = np.random.default_rng(self.seed)
+        yt = torch.from_numpy(yn)
+        best, best_state = math.inf, None
+        t0 = time.perf_counter()
+        for ep in range(self.epochs):
+            self.net.train()
+            perm = rng.permutation(len(tr))
+            for s in range(0, len(tr), self.batch_size):
+                idx = perm[s:s + self.batch_size]
+                if len(idx) < 2:
+                    continue
+                pred = self.net(*self._inputs(tr, idx))
+                loss = torch.mean((pred - yt[torch.from_numpy(idx)]) ** 2)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.grad_clip)
+                opt.step()
+            if va is not None and va.latency_s is not None and len(va):
+                m = float(np.mean(np.abs(self.predict(va) - va.latency_s) / va.latency_s))
+                if m < best:
+                    best, best_state = m, {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+            if self.max_time_s is not None and time.perf_counter() - t0 > self.max_time_s:
+                break
+        if best_state is not None:
+            self.net.load_state_dict(best_state)
+        self.net.eval()
+        return self
+
+    def predict(self, records, batch: int = 4096):
+        import torch
+
+        if getattr(self, "net", None) is None:
+            raise TensorplanError(f"{self.name}: the model is not trained")
+        arr = as_arrays(records)
+        self.net.eval()
+        out = np.empty(len(arr), np.float64)
+        order = np.argsort(arr.n_leaves, kind="stable")
+        with torch.inference_mode():
+            for s in range(0, len(arr), batch):
+                idx = order[s:s + batch]
+                out[idx] = self.net(*self._inputs(arr, idx)).numpy()
+        return np.exp(out * self.y_std + self.y_mean)
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _set_extra_state(self, st: dict) -> None:
+        pass
+
+    def _state(self):
+        if getattr(self, "net", None) is None:
+            raise TensorplanError(f"{self.name}.save: the model is not trained")
+        return {"net": self.net.state_dict(), "y_mean": self.y_mean, "y_std": self.y_std,
+                "dev_dim": self.dev_dim, **self._extra_state()}
+
+    def _set_state(self, st):
+        self.y_mean, self.y_std, self.dev_dim = st["y_mean"], st["y_std"], st["dev_dim"]
+        self._set_extra_state(st)
+        self.net = self._make_net()
+        self.net.load_state_dict(st["net"])
+        self.net.eval()
+
+
+@register
+class TenSetMLP(_TorchRegressor):
+    """TenSet SegmentSumMLP: per-store 164->256->256 MLP, sum over stores, 2 residual blocks, ->1."""
+
+    name = "mlp"
+
+    def __init__(self, hidden: int = 256, lr: float = 7e-4, weight_decay: float = 1e-6, batch_size: int = 512,
+                 epochs: int = 60, grad_clip: float = 0.5, max_leaves: int = 64, max_time_s: float | None = None,
+                 threads: int | None = None, seed: int = 0):
+        self.hidden, self.lr, self.weight_decay, self.batch_size = hidden, lr, weight_decay, batch_size
+        self.epochs, self.grad_clip, self.max_leaves, self.max_time_s = epochs, grad_clip, max_leaves, max_time_s
+        self.threads, self.seed = threads, seed
+        self.net = None
+
+    def _prepare(self, arr):
+        self.scaler = FeatureScaler.fit(arr.leaf_data)
+
+    def _extra_state(self):
+        return {"scaler": self.scaler.to_dict()}
+
+    def _set_extra_state(self, st):
+        self.scaler = FeatureScaler.from_dict(st["scaler"])
+
+    def _inputs(self, arr, idx):
+        import torch
+
+        x, _, v = arr.padded(idx, self.max_leaves)
+        x = self.scaler.transform(x) * v[..., None]
+        return torch.from_numpy(x), torch.from_numpy(v), torch.from_numpy(arr.device[idx])
+
+    def _make_net(self):
+        import torch
+        from torch import nn
+
+        H, D = self.hidden, self.dev_dim
+
+        class SegmentSumMLP(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.store = nn.Sequential(nn.Linear(LEAF_DIM, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU())
+                self.dev = nn.Linear(D, H)
+                self.res = nn.ModuleList([nn.Linear(H, H) for _ in range(2)])
+                self.out = nn.Linear(H, 1)
+
+            def forward(self, x, valid, dev):
+                h = (self.store(x) * valid.unsqueeze(-1)).sum(1) + self.dev(dev)
+                for lin in self.res:
+                    h = h + torch.relu(lin(h))
+                return self.out(h).squeeze(-1)
+
+        return SegmentSumMLP()
+
+
+# --------------------------------------------------------------------------------------------
+def _trace_steps(trace: Any) -> list[tuple[str, list[float]]]:
+    """Meta-schedule trace JSON -> [(instruction kind, numeric args)], decisions appended to args.
+
+    `Trace.as_json()` is `[insts, decisions]`, insts `[kind, inputs, attrs, outputs]`, decisions
+    `[[inst_index, value], ...]`. String arguments (block/loop names, annotation keys) carry no
+    number and are dropped; nested lists are flattened.
+    """
+    import json as _json
+
+    if trace is None:
+        return []
+    if isinstance(trace, (str, bytes)):
+        try:
+            trace = _json.loads(trace)
+        except ValueError:
+            return []
+    if isinstance(trace, dict):
+        trace = [trace.get("insts", []), trace.get("decisions", [])]
+    if not isinstance(trace, (list, tuple)) or len(trace) < 1:
+        return []
+    insts = trace[0] if isinstance(trace[0], (list, tuple)) else []
+    decisions = {}
+    if len(trace) > 1 and isinstance(trace[1], (list, tuple)):
+        for d in trace[1]:
+            if isinstance(d, (list, tuple)) and len(d) == 2 and isinstance(d[0], int):
+                decisions[d[0]] = d[1]
+
+    def nums(v, out):
+        if isinstance(v, bool):
+            out.append(float(v))
+        elif isinstance(v, (int, float)):
+            out.append(float(v))
+        elif isinstance(v, (list, tuple)):
+            for e in v:
+                nums(e, out)
+        elif isinstance(v, dict):
+            for e in v.values():
+                nums(e, out)
+        return out
+
+    steps = []
+    for i, inst in enumerate(insts):
+        if not isinstance(inst, (list, tuple)) or not inst:
+            continue
+        kind = str(inst[0])
+        args = nums(inst[2] if len(inst) > 2 else [], [])
+        if i in decisions:
+            nums(decisions[i], args)
+        steps.append((kind, args))
+    return steps
+
+
+@register
+class TLPModel(_TorchRegressor):
+    """TLP (ASPLOS'23) over the schedule trace: [kind one-hot | slog args] per step, attention, sum."""
+
+    name = "tlp"
+
+    def __init__(self, max_steps: int = 64, arg_width: int = 16, max_kinds: int = 32, lr: float = 7e-4,
+                 weight_decay: float = 1e-6, batch_size: int = 512, epochs: int = 60, grad_clip: float = 0.5,
+                 max_time_s: float | None = None, threads: int | None = None, seed: int = 0):
+        self.max_steps, self.arg_width, self.max_kinds = max_steps, arg_width, max_kinds
+        self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
+        self.grad_clip, self.max_time_s, self.threads, self.seed = grad_clip, max_time_s, threads, seed
+        self.net = None
+        self.vocab: dict[str, int] = {}
+
+    @property
+    def fea(self) -> int:
+        return self.max_kinds + self.arg_width
+
+    def _prepare(self, arr):
+        if arr.trace is None:
+            raise TensorplanError("tlp.fit: the records carry no schedule trace (column 'trace')")
+        counts: dict[str, int] = {}
+        for t in arr.trace:
+            for k, _ in _trace_steps(t):
+                counts[k] = counts.get(k, 0) + 1
+        kinds = sorted(counts, key=lambda k: (-counts[k], k))[: self.max_kinds - 1]  # last slot = other
+        self.vocab = {k: i for i, k in enumerate(kinds)}
+        self._cache = None
+
+    def _encode(self, trace) -> np.ndarray:
+        m = np.zeros((self.max_steps, self.fea), np.float32)
+        for s, (kind, args) in enumerate(_trace_steps(trace)[: self.max_steps]):
+            m[s, self.vocab.get(kind, self.max_kinds - 1)] = 1.0
+            a = np.asarray(args[: self.arg_width], np.float64)
+            m[s, self.max_kinds:self.max_kinds + len(a)] = np.sign(a) * np.log2(1 + np.abs(a))
+        return m
+
+    def _encoded(self, arr: ProgramArrays) -> np.ndarray:
+        key = id(arr)
+        if getattr(self, "_cache", None) is not None and self._cache[0] == key and self._cache[1] is arr:
+            return self._cache[2]
+        if arr.trace is None:
+            raise TensorplanError("tlp: the records carry no schedule trace (column 'trace')")
+        enc = np.stack([self._encode(t) for t in arr.trace]) if len(arr) else \
+            np.zeros((0, self.max_steps, self.fea), np.float32)
+        self._cache = (key, arr, enc)
+        return enc
+
+    def _inputs(self, arr, idx):
+        import torch
+
+        return torch.from_numpy(self._encoded(arr)[idx]), torch.from_numpy(arr.device[idx])
+
+    def _extra_state(self):
+        return {"vocab": self.vocab}
+
+    def _set_extra_state(self, st):
+        self.vocab = dict(st["vocab"])
+        self._cache = None
+
+    def _make_net(self):
+        import torch
+        from torch import nn
+
+        F, D = self.fea, self.dev_dim
+
+        class TLPNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = nn.Sequential(nn.Linear(F, 64), nn.ReLU(), nn.Linear(64, 128), nn.ReLU(),
+                                         nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+                self.dev = nn.Linear(D, 256)
+                self.att = nn.MultiheadAttention(256, 8, batch_first=True)
+                self.res = nn.ModuleList([nn.Linear(256, 256) for _ in range(2)])
+                self.dec = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                                         nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
+
+            def forward(self, x, dev):
+                valid = x.abs().sum(-1) > 0
+                valid[:, 0] = True  # never mask every key
+                h = self.enc(x) + self.dev(dev).unsqueeze(1)
+                a, _ = self.att(h, h, h, key_padding_mask=~valid, need_weights=False)
+                h = h + a
+                for lin in self.res:
+                    h = h + torch.relu(lin(h))
+                return (self.dec(h).squeeze(-1) * valid).sum(1)
+
+        return TLPNet()
+
+
+# --------------------------------------------------------------------------------------------
+@register
+class RooflineLinear(Estimator):
+    """log t = w · [1, log(FLOPs/peak), log(bytes/bw), log(max of both)]: least squares on train."""
+
+    name = "roofline"
+
+    def __init__(self, ridge: float = 1e-6):
+        self.ridge = ridge
+        self.w: np.ndarray | None = None
+
+    @staticmethod
+    def _design(arr: ProgramArrays) -> np.ndarray:
+        from ..devices import resolve
+
+        if arr.flops is None:
+            raise TensorplanError("roofline: the records carry no FLOP counts (column 'flops')")
+        peak = np.empty(len(arr))
+        bw = np.empty(len(arr))
+        for name in np.unique(arr.device_name):
+            spec = resolve(str(name))
+            m = arr.device_name == name
+            peak[m], bw[m] = spec.peak_fp32_gflops * 1e9, spec.mem_bw_gbs * 1e9
+        tc = np.log(np.maximum(arr.flops, 1.0) / peak)
+        tm = np.log(np.maximum(program_bytes(arr), 1.0) / bw)
+        return np.stack([np.ones(len(arr)), tc, tm, np.maximum(tc, tm)], axis=1)
+
+    def fit(self, train, val=None, target=None):
+        tr = as_arrays(train)
+        y = np.log(_labelled(tr, "roofline.fit"))
+        X = self._design(tr)
+        self.w = np.linalg.solve(X.T @ X + self.ridge * np.eye(X.shape[1]), X.T @ y)
+        return self
+
+    def predict(self, records):
+        if self.w is None:
+            raise TensorplanError("roofline: the model is not trained")
+        return np.exp(self._design(as_arrays(records)) @ self.w)
+
+    def _state(self):
+        if self.w is None:
+            raise TensorplanError("roofline.save: the model is not trained")
+        return {"w": self.w.tolist()}
+
+    def _set_state(self, st):
+        self.w = np.asarray(st["w"], np.float64)
+
+
+BASELINES: dict[str, type[Estimator]] = {
+    "xgboost": TenSetXGB, "mlp": TenSetMLP, "tlp": TLPModel, "roofline": RooflineLinear,
+}
