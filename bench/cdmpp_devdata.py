@@ -45,8 +45,27 @@ def workloads():
         "mm_128_128_128": mm(128, 128, 128), "mm_256_64_256_relu": mm(256, 64, 256, True),
         "mm_64_512_128": mm(64, 512, 128), "mm_384_384_64_relu": mm(384, 384, 64, True),
         "conv_1_32_28_28_32_3": conv(1, 32, 28, 28, 32, 3), "conv_1_16_56_56_32_1": conv(1, 16, 56, 56, 32, 1),
-        "softmax_256_512": softmax(256, 512), "add_relu_1024_512": add_relu(1024, 512),
+        "mm_512_256_32": mm(512, 256, 32), "mm_32_1024_256_relu": mm(32, 1024, 256, True),
+        "conv_1_64_14_14_64_3": conv(1, 64, 14, 14, 64, 3), "conv_1_8_112_112_16_3": conv(1, 8, 112, 112, 16, 3),
+        "softmax_256_512": softmax(256, 512), "softmax_64_2048": softmax(64, 2048), "add_relu_1024_512": add_relu(1024, 512),
     }
+
+
+def to_py(o):
+    """Trace JSON from TVM (ffi Arrays, IntImm, String) -> plain Python."""
+    import tvm
+    if isinstance(o, (bool, int, float, str)) or o is None:
+        return o
+    if isinstance(o, tvm.tirx.IntImm):
+        return int(o.value)
+    if isinstance(o, tvm.tirx.FloatImm):
+        return float(o.value)
+    if hasattr(o, "items"):
+        return {str(k): to_py(v) for k, v in o.items()}
+    try:
+        return [to_py(x) for x in o]
+    except TypeError:
+        return str(o)
 
 
 def main():
@@ -93,7 +112,7 @@ def main():
                     res = np.array(r.results)
                     lat[nt] = (float(np.median(res)), float(res.std() / res.mean()))
                 rows.append(dict(task=tname, flops=flops, leaves=f.astype(np.float32),
-                                 trace=json.dumps(sch.trace.as_json()), lat1=lat[1], lat2=lat[2]))
+                                 trace=json.dumps(to_py(sch.trace.as_json())), lat1=lat[1], lat2=lat[2]))
             except Exception as e:  # invalid sampled schedule
                 print("skip", tname, s, type(e).__name__, str(e)[:80])
         print(tname, len([r for r in rows if r["task"] == tname]), f"{time.time()-t0:.1f}s", flush=True)

@@ -19,6 +19,9 @@ err_console = Console(stderr=True)
 
 # Each module defines `register(app: typer.Typer)`; add yours here (one line).
 _COMMAND_MODULES = (
+    "zoo",
+    "devices",
+    "store",
     "inspect",
     "demo",
     "orchestrate",

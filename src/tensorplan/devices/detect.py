@@ -195,7 +195,8 @@ def measure_bandwidth(threads: int = 1, array_mb: float | None = None, runs: int
         a = torch.empty(n, dtype=torch.float32)
         b = torch.empty(n, dtype=torch.float32)
         c = torch.empty(n, dtype=torch.float32)
-        b.fill_(1.0), c.fill_(2.0), a.fill_(0.0)  # first touch outside the timed region
+        for arr, v in ((a, 0.0), (b, 1.0), (c, 2.0)):  # first touch (page faults) outside the timed region
+            arr.fill_(v)
 
         def copy() -> None:
             a.copy_(b)
@@ -277,7 +278,7 @@ GEMM_BACKENDS: dict[str, Callable[[int, int], Callable[[], None]]] = {
     "onnxruntime": _ort_matmul, "torch": _torch_matmul, "numpy": _numpy_matmul}
 
 
-def measure_matmul(threads: int = 1, n: int = 2048, budget_s: float = 0.6,
+def measure_matmul(threads: int = 1, n: int = 1024, budget_s: float = 0.5,
                    backends: tuple[str, ...] = ("onnxruntime", "torch", "numpy")) -> dict[str, Any]:
     """fp32 GEMM n x n x n FLOP/s (2n^3 per call) with each backend on `threads` threads; the best counts.
 
@@ -333,8 +334,10 @@ def _load_cache(path: Path) -> dict[str, Any]:
 
 def _measure_entry(threads: int, quick: bool) -> dict[str, Any]:
     bw = measure_bandwidth(threads, array_mb=16 if quick else None, runs=5 if quick else 10)
-    mm = measure_matmul(threads, n=256 if quick else 2048, budget_s=0.1 if quick else 0.6)
-    return {"bandwidth": bw, "matmul": mm, "quick": quick, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    mm = measure_matmul(threads, n=256 if quick else 1024, budget_s=0.1 if quick else 0.5)
+    # the load average says whether a neighbour shared the cores while we measured (re-run with refresh)
+    return {"bandwidth": bw, "matmul": mm, "quick": quick, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "load_avg_1m": os.getloadavg()[0]}
 
 
 def local_cpu(threads: int | None = None, *, refresh: bool = False, quick: bool = False) -> DeviceSpec:
@@ -373,7 +376,8 @@ def local_cpu(threads: int | None = None, *, refresh: bool = False, quick: bool 
         sources=src, measured=True, model=info["model"], mem_gb=info["mem_gb"],
         extra={"copy_gbs": round(bw["copy_gbs"], 2), "gemm_backend": mm["backend"],
                "gemm_per_backend": mm["per_backend"], "quick": entry.get("quick", False),
-               "hostname": socket.gethostname(), "measured_at": entry["when"]})
+               "hostname": socket.gethostname(), "measured_at": entry["when"],
+               "load_avg_1m_when_measured": entry.get("load_avg_1m")})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,13 +425,13 @@ def local_gpu(index: int = 0) -> DeviceSpec | None:
         extra={"compute_capability": f"{cc[0]}.{cc[1]}", "catalog": cat.name if cat else None})
 
 
-def local_devices(*, refresh: bool = False) -> list[DeviceSpec]:
+def local_devices(*, refresh: bool = False, quick: bool = False) -> list[DeviceSpec]:
     """This machine: `local` (all usable CPUs), `local-1t`, `local-2t` (if >= 2 CPUs), then GPUs."""
-    out = [local_cpu(None, refresh=refresh)]
+    out = [local_cpu(None, refresh=refresh, quick=quick)]
     max_t = out[0].threads
     for t in (1, 2):
-        if t <= max_t:
-            out.append(local_cpu(t, refresh=refresh and t != max_t))  # t == max_t: same cache entry as 'local'
+        if t <= max_t:  # t == max_t: same cache entry as 'local', measured just above
+            out.append(local_cpu(t, refresh=refresh and t != max_t, quick=quick))
     try:
         import torch
 

@@ -2,7 +2,7 @@
 
 A spec is plain data (JSON-able). Cost models read `feature_vector()`; the measurement store keys
 records by `key()`, a content hash of the *identity* of the hardware (name, model, core counts,
-caches, ISA, clock). Throughput figures (peak FLOP/s, bandwidth) are left out of the key on purpose:
+caches, ISA). Throughput figures (peak FLOP/s, bandwidth) are left out of the key on purpose:
 re-measuring this machine's bandwidth must not orphan the latencies already stored for it.
 """
 from __future__ import annotations
@@ -25,21 +25,21 @@ FEATURE_VERSION = 1
 FEATURE_NAMES: tuple[str, ...] = (
     "is_gpu",               # 1.0 for a GPU, else 0.0
     "log2_cores",           # log2(1 + cores or SMs)
-    "log2_threads",         # log2(1 + threads used)
+    "log10_threads",        # log10(1 + threads used; fp32 lanes on GPUs)
     "clock_ghz",            # as is (0.5 .. 4)
     "log10_peak_gflops",    # log10(1 + peak fp32 GFLOP/s)
     "log10_mem_bw_gbs",     # log10(1 + memory bandwidth GB/s)
     "log10_ridge_flop_per_byte",  # log10(1 + peak/bandwidth): the roofline ridge point
-    "log2_l1_kb",           # log2(1 + per-core/SM L1 data KiB)
-    "log2_l2_kb",           # log2(1 + L2 KiB, per core on CPUs, total on GPUs)
-    "log2_l3_kb",           # log2(1 + last-level / system cache KiB)
+    "log10_l1_kb",          # log10(1 + per-core/SM L1 data KiB); 0 = unknown/none
+    "log10_l2_kb",          # log10(1 + L2 KiB, per core on CPUs, total on GPUs)
+    "log10_l3_kb",          # log10(1 + last-level / system cache KiB)
     "log2_gflops_per_core",  # log2(1 + peak / cores)
     *(f"isa_{f}" for f in ISA_FLAGS),  # 0/1 each
 )
 
 # Fields that identify the hardware (used by key()); throughput figures and sources are excluded.
-_IDENTITY_FIELDS = ("name", "kind", "vendor", "model", "cores", "threads", "clock_ghz",
-                    "l1_kb", "l2_kb", "l3_kb", "isa")
+# clock_ghz is excluded too: without cpufreq, /proc/cpuinfo only gives the *current* clock, which drifts.
+_IDENTITY_FIELDS = ("name", "kind", "vendor", "model", "cores", "threads", "l1_kb", "l2_kb", "l3_kb", "isa")
 
 
 @dataclass
@@ -79,9 +79,8 @@ class DeviceSpec:
 
     # ---- identity -------------------------------------------------------------------------
     def key(self) -> str:
-        """sha256 of the canonical JSON of the identity fields (not of the throughput figures)."""
+        """sha256 of the canonical JSON of the identity fields (not of clock or throughput figures)."""
         ident = {k: getattr(self, k) for k in _IDENTITY_FIELDS}
-        ident["clock_ghz"] = round(float(self.clock_ghz), 3)
         blob = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=_json_default)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -111,14 +110,14 @@ class DeviceSpec:
         v = [
             1.0 if self.kind == "gpu" else 0.0,
             math.log2(1 + self.cores),
-            math.log2(1 + self.threads),
+            math.log10(1 + self.threads),
             float(self.clock_ghz),
             math.log10(1 + peak),
             math.log10(1 + bw),
             math.log10(1 + self.ridge_flop_per_byte),
-            math.log2(1 + self.l1_kb),
-            math.log2(1 + self.l2_kb),
-            math.log2(1 + self.l3_kb),
+            math.log10(1 + self.l1_kb),
+            math.log10(1 + self.l2_kb),
+            math.log10(1 + self.l3_kb),
             math.log2(1 + peak / max(self.cores, 1)),
             *(1.0 if f in self.isa else 0.0 for f in ISA_FLAGS),
         ]

@@ -659,14 +659,26 @@ def fission(graph: Graph, rules: dict[str, Rule] | None = None) -> FissionResult
     return FissionResult(g, opaque, origin, applied)
 
 
+def _optional_outputs(op: str, opset: int, domain: str) -> set[int]:
+    """Positions of the outputs the ONNX schema marks optional (MaxPool indices, Dropout mask)."""
+    try:
+        import onnx
+        sch = onnx.defs.get_schema(op, opset, domain)
+        opt = onnx.defs.OpSchema.FormalParameterOption.Optional
+        return {k for k, p in enumerate(sch.outputs) if p.option == opt}
+    except Exception:
+        return set()
+
+
 def _trim_outputs(g: Graph) -> None:
-    """Blank outputs nobody reads (keeps positions) and drop trailing blanks, so most nodes have
-    one live output."""
+    """Blank optional outputs nobody reads and drop trailing blanks, so most nodes have one live
+    output (required outputs stay, e.g. TopK's indices)."""
     used = {i for n in g.nodes for i in n.inputs if i} | set(g.outputs)
     for n in g.nodes:
         if len(n.outputs) <= 1:
             continue
-        outs = [o if o in used else "" for o in n.outputs]
+        optional = _optional_outputs(n.op, g.opset, n.domain)
+        outs = [o if (o in used or k not in optional) else "" for k, o in enumerate(n.outputs)]
         if not any(outs):
             outs[0] = n.outputs[0]
         while len(outs) > 1 and not outs[-1]:

@@ -155,6 +155,8 @@ def _to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
         raise ModelImportError(f"{where}: tensor '{t.name}' cannot be decoded: {e}") from None
     if t.data_type == onnx.TensorProto.BFLOAT16:
         arr = np.asarray(arr, dtype=np.float32)
+    if arr.flags.owndata and arr.flags.writeable and arr.flags.c_contiguous:
+        return arr  # already a private copy (no second copy of big weights)
     return np.array(arr)
 
 

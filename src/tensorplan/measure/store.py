@@ -149,6 +149,7 @@ class Store:
             if str(mode).lower() != "wal":  # pragma: no cover - e.g. a network file system
                 raise StoreError(f"store '{self.path}': SQLite refused WAL mode (got {mode}); put the store on a local disk")
             c.execute("PRAGMA synchronous=NORMAL")
+            c.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache: batched inserts touch many index pages
             c.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as e:
             raise self._corrupt(e) from None
@@ -352,7 +353,10 @@ class Store:
         except sqlite3.DatabaseError as e:
             raise self._corrupt(e) from None
         while True:
-            chunk = cur.fetchmany(512)
+            try:
+                chunk = cur.fetchmany(512)
+            except sqlite3.DatabaseError as e:
+                raise self._corrupt(e) from None
             if not chunk:
                 return
             for row in chunk:
@@ -401,7 +405,10 @@ class Store:
         files: dict[str, Path] = {}
         # read everything in one snapshot so the files agree with each other
         c = self.conn
-        c.execute("BEGIN")
+        try:
+            c.execute("BEGIN")
+        except sqlite3.DatabaseError as e:
+            raise self._corrupt(e) from None
         try:
             for table in ("meta", "devices", "programs", "measurements", "jobs"):
                 cur = c.execute(f"SELECT * FROM {table}")
@@ -422,6 +429,8 @@ class Store:
                 tbl = pa.table(data, schema=pa.schema(fields))
                 files[table] = out / f"{table}.parquet"
                 pq.write_table(tbl, files[table])
+        except sqlite3.DatabaseError as e:
+            raise self._corrupt(e) from None
         finally:
             c.execute("COMMIT")
         return files

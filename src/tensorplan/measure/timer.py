@@ -105,7 +105,8 @@ def pinned_threads(n: int | None, *, affinity: bool = False) -> Iterator[dict[st
     """Run the block with n threads in torch, BLAS/OpenMP pools, ORT/TVM-by-env child processes and
     TVM's runtime pool; restore everything afterwards. Yields what was actually set (e.g. TVM's pool
     may be smaller than n if it was created earlier with fewer workers). `affinity=True` also restricts
-    this process to the first n allowed CPUs. n=None leaves everything as is.
+    this process to the first n allowed CPUs. n=None leaves everything as is. ONNX Runtime sessions
+    fix their pool at creation: build them with `intra_op_num_threads=n` inside the block.
     """
     if n is None:
         yield {"threads": None}

@@ -34,8 +34,11 @@ from ..errors import TensorplanError
 from ..graph.fission import category
 from ..graph.ir import Graph
 
-#: Constants with at most this many elements are hashed by value (shape arguments, axes,
-#: scalars); larger ones (weights) only by shape/dtype, since latency does not depend on them.
+#: Integer constants with at most this many elements (shapes, axes, indices, pads) and float
+#: scalars (eps, exponents) are hashed by value; float tensors (weights, biases, LayerNorm
+#: scales) only by shape/dtype, since latency does not depend on their values. So equal hashes
+#: mean equal *latency*, not equal constants: a compiled-kernel cache keyed by the hash must
+#: pass float constants as arguments (or add their values to the key).
 SMALL_CONST = 64
 
 
@@ -51,7 +54,8 @@ class Candidate:
       except for an opaque multi-output primitive, which produces all its live outputs.
     - `kind`: "memory" (elementwise/reduce/layout only), "linear" (contains one linear
       primitive, alone or with an elementwise epilogue) or "opaque" (one opaque primitive).
-    - `canonical_hash`: name-independent structural hash; equal hashes = same computation.
+    - `canonical_hash`: name-independent structural hash; equal hashes = same computation up to
+      the values of float weight tensors (so equal latency; see SMALL_CONST).
     """
 
     id: int
@@ -147,7 +151,8 @@ def canonical_hash(prim: Graph, nodes: list[str] | tuple[str, ...], outputs: tup
                     raise TensorplanError(f"canonical_hash: '{i}' used before it is produced (nodes not in topological order)")
                 if t.is_constant:
                     d = np.asarray(t.data)
-                    names[i] = json.dumps(["const", _val(d)])
+                    by_value = d.size <= 1 or (d.dtype.kind in "iub" and d.size <= SMALL_CONST)
+                    names[i] = json.dumps(["const", _val(d) if by_value else [str(d.dtype), list(d.shape)]])
                 else:
                     names[i] = f"in{sum(1 for v in names.values() if v.startswith('in'))}:{t.dtype}{list(t.shape)}"
             ins.append(names[i])

@@ -639,7 +639,7 @@ class CDMPP(Estimator):
                 _, rt = net(xt, pt, vt, dt)
                 dist = cmd(r, rt, self.cmd_k)
                 loss = loss + self.cmd_alpha * dist
-                dval = float(dist)
+                dval = float(dist.detach())
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), self.grad_clip)

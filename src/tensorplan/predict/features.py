@@ -415,7 +415,8 @@ class _Walker:
         # reuse bookkeeping: id(loop node) -> {buffer: [numel,...]}; non-const stores only
         self.touched: dict[int, dict[Any, list[int]]] = {}
         self.touched_const: dict[int, dict[Any, list[int]]] = {}
-        self.alloc: dict[Any, tuple[int, int, int]] = {}   # buffer -> (alloc_size, alloc_prod, alloc_outer_prod)
+        self.alloc: dict[Any, tuple[int, int, int]] = {}
+        self._keep: list = []   # buffer -> (alloc_size, alloc_prod, alloc_outer_prod)
 
     # ---- tree
     def _new(self, kind: int, depth: int, extent: int = 0, for_kind: int = -1) -> int:
@@ -494,7 +495,7 @@ class _Walker:
         if ext == 0:
             return
         if ext == 1 and kind == 0 and len(ann) == 0 and type(min_e) is T.IntImm and int(min_e.value) == 0:
-            self.an.bind(s.loop_var, T.tvm.tirx.const(0, s.loop_var.dtype), True)
+            self.an.bind(s.loop_var, T.tvm.tirx.const(0, str(s.loop_var.ty)), True)
             self.stmt(s.body, depth)                 # TVM: unit loops are removed
             return
         unroll = -1
@@ -509,6 +510,7 @@ class _Walker:
             d += 1
         self._new(FOR, d + 1, ext if ext is not None else -1, kind)
         self.loops.append(_Loop(s, s.loop_var, min_e, ext, kind, tag, unroll))
+        self._keep.append(s)                         # keeps id(loop) unique for the reuse maps
         if ext is not None:
             self.prod *= ext
         self.stmt(s.body, d + 1)

@@ -61,6 +61,7 @@ class OpShape:
     pl: int = 0
     pr: int = 0
     pool: str = "max"  # "max" | "avg" (pool only)
+    g: int = 1         # conv groups: 1 or depthwise (g == ic == oc)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -69,6 +70,13 @@ class OpShape:
             raise TensorplanError(f"OpShape has a non-positive dimension: {self}")
         if self.kind != "fc" and (self.ih + self.pt + self.pb < self.k or self.iw + self.pl + self.pr < self.k):
             raise TensorplanError(f"OpShape input {self.ih}x{self.iw} (+pads) is smaller than kernel {self.k}")
+        if self.g != 1 and not (self.kind == "conv" and self.g == self.ic == self.oc):
+            raise TensorplanError(f"OpShape: only dense (g=1) or depthwise (g=ic=oc) convs, got {self}")
+
+    @property
+    def per_channel(self) -> bool:
+        """Each output channel reads only its own input channel (pooling, depthwise conv)."""
+        return self.kind == "pool" or self.g > 1
 
     @property
     def oh(self) -> int:
@@ -82,7 +90,7 @@ class OpShape:
     def flops(self) -> int:
         """2×MACs for conv/fc; one op per window element for pooling."""
         if self.kind == "conv":
-            return 2 * self.oh * self.ow * self.oc * self.ic * self.k * self.k
+            return 2 * self.oh * self.ow * self.oc * (self.ic // self.g) * self.k * self.k
         if self.kind == "fc":
             return 2 * self.ic * self.oc
         return self.oh * self.ow * self.oc * self.k * self.k
@@ -98,7 +106,7 @@ class OpShape:
     @property
     def params(self) -> int:
         if self.kind == "conv":
-            return self.oc * self.ic * self.k * self.k + self.oc
+            return self.oc * (self.ic // self.g) * self.k * self.k + self.oc
         if self.kind == "fc":
             return self.oc * self.ic + self.oc
         return 0
@@ -118,7 +126,8 @@ class OpShape:
     def short(self) -> str:
         if self.kind == "fc":
             return f"fc<{self.ic}->{self.oc}>"
-        return f"{self.kind}<{self.ih},{self.iw},{self.ic},{self.oc}>k{self.k}s{self.s}"
+        kind = "dwconv" if self.g > 1 else self.kind
+        return f"{kind}<{self.ih},{self.iw},{self.ic},{self.oc}>k{self.k}s{self.s}"
 
 
 @dataclass
@@ -215,6 +224,8 @@ def mace_cpu_algo(op: OpShape) -> str:
     """MACE's CPU conv algorithm choice (`GetConv2dCpuImplType`)."""
     if op.kind != "conv":
         return op.kind
+    if op.g > 1:
+        return "depthwise"
     if op.k == 1 and op.s == 1:
         return "gemm"
     if op.k == 3 and op.s == 1 and op.ic >= 8 and op.oc >= 8:
@@ -225,6 +236,9 @@ def mace_cpu_algo(op: OpShape) -> str:
 def mace_cpu_units(op: OpShape, threads: int = 4) -> dict[str, int]:
     """Sub-kernel → units on the busiest thread for MACE's ARM NEON fp32 kernels (reference §1.3)."""
     algo = mace_cpu_algo(op)
+    if algo == "depthwise":
+        tile, mt = _tiling2d(op.oc, 4, threads)
+        return {"depthwise": mt * tile * 4 * op.oh * op.ow * (2 * op.k * op.k + 1)}
     if algo == "direct":
         opi = 2 if (op.k == 3 and op.s == 1) else (1 if (op.k == 3 and op.s == 2) else 4)
         tile, mt = _tiling2d(op.oc, opi, threads)
@@ -304,6 +318,10 @@ def _n_warp(gws, lws, cu, warp):
 def mace_gpu_units(op: OpShape, cu: int, warp: int, kwg: int, cache: int, adreno: bool = True
                    ) -> dict[str, int]:
     """Sub-kernel → units for MACE's OpenCL image kernels (direct conv, FC, pooling)."""
+    if op.kind == "conv" and op.g > 1:
+        gws = [_cdiv(op.oc, 4), _cdiv(op.ow, 4), op.oh]
+        lws = _lws_general(gws, kwg, cache, cu, (4 + 4 + 4) * 16, op.k)
+        return {f"gpu_depthwise_k{op.k}": _n_warp(gws, lws, cu, warp) * op.k * op.k}
     if op.kind == "conv":
         owblk = 4 if op.k == 1 else (5 if op.k == 3 else 4)
         owb, icb, ocb = _cdiv(op.ow, owblk), _cdiv(op.ic, 4), _cdiv(op.oc, 4)
@@ -415,17 +433,18 @@ def kernel_class(op: OpShape) -> str:
     """The per-implementation class a t_unit model is learned for."""
     if op.kind == "fc":
         return "fc"
-    return f"{op.kind}_k{op.k}s{op.s}"
+    kind = "dw" if op.g > 1 else op.kind
+    return f"{kind}_k{op.k}s{op.s}"
 
 
 def _codl_features(op: OpShape, units: int, info: dict) -> tuple[list[str], list[float]]:
     """Shape features of t_unit; `inv_units` lets the intercept-per-op (dispatch cost) be
     expressed in the per-unit form: t·units = a·units + … + c."""
-    if op.kind == "conv":
+    if op.kind == "conv" and op.g == 1:
         return (["ic", "wtile", "ic_x_wtile", "iw_ic", "inv_units"],
                 [op.ic, info["wtile"], op.ic * info["wtile"], op.iw * op.ic, 1.0 / units])
-    if op.kind == "pool":
-        return (["wtile", "k2", "inv_units"], [info["wtile"], op.k * op.k, 1.0 / units])
+    if op.kind in ("pool", "conv"):  # pooling and depthwise conv: per-channel windows
+        return (["wtile", "k2", "iw", "inv_units"], [info["wtile"], op.k * op.k, op.iw, 1.0 / units])
     return (["ic", "oc", "inv_units"], [op.ic, op.oc, 1.0 / units])
 
 
@@ -434,6 +453,14 @@ def _kernel_samples(samples: Iterable[KernelSample]) -> list[KernelSample]:
     if not out:
         raise TensorplanError("no samples with a positive measured latency to fit on")
     return out
+
+
+POOLED = ("conv", "dwconv", "pool", "fc")
+
+
+def _pool_key(op: OpShape) -> str:
+    """Fallback model key pooling every K, S of one op kind."""
+    return "dwconv" if op.g > 1 else op.kind
 
 
 class CodlPredictor:
@@ -460,12 +487,12 @@ class CodlPredictor:
         for s in samples:
             n, info = units_for(s.op, s.proc)
             names, x = _codl_features(s.op, n, info)
-            for key in (self._key(s.proc, kernel_class(s.op)), self._key(s.proc, s.op.kind)):
+            for key in (self._key(s.proc, kernel_class(s.op)), self._key(s.proc, _pool_key(s.op))):
                 groups.setdefault(key, []).append((x, s.latency_s / n))
                 feats[key] = names
         self.models = {}
         for key, rows in groups.items():
-            is_pooled = key.split("/")[1] in KINDS
+            is_pooled = key.split("/")[1] in POOLED
             if not is_pooled and len(rows) < self.min_class_samples:
                 continue
             x = np.array([r[0] for r in rows])
@@ -477,7 +504,7 @@ class CodlPredictor:
         n, info = units_for(op, proc)
         _, x = _codl_features(op, n, info)
         key = self._key(proc, kernel_class(op))
-        m = self.models.get(key) or self.models.get(self._key(proc, op.kind))
+        m = self.models.get(key) or self.models.get(self._key(proc, _pool_key(op)))
         if m is None:
             raise TensorplanError(f"CodlPredictor has no model for {proc}/{kernel_class(op)}; "
                                   "fit it on samples of that processor and op kind")
@@ -557,12 +584,17 @@ class FlopsLinear:
 
 
 # nn-Meter's selected hyper-parameters for CPU predictors (max_depth, n_estimators, max_features)
-NNMETER_RF = {"conv": (70, 320, 6), "fc": (50, 370, 2), "pool": (70, 320, 5)}
+NNMETER_RF = {"conv": (70, 320, 6), "dwconv": (50, 240, 6), "fc": (50, 370, 2), "pool": (70, 320, 5)}
+
+
+def _rf_kind(op: OpShape) -> str:
+    return "dwconv" if op.g > 1 else op.kind
 
 
 def _rf_features(op: OpShape) -> list[float]:
     if op.kind == "conv":
-        return [op.ih * op.iw, op.ih, op.iw, op.ic, op.oc, op.k, op.s, op.flops / 2e6, op.params / 1e6]
+        return [op.ih * op.iw, op.ih, op.iw, op.ic, op.oc, op.k, op.s, op.flops / 2e6, op.params / 1e6,
+                float(op.g > 1)]
     if op.kind == "fc":
         return [op.ic, op.oc, op.flops / 2e6, op.flops / 1e6]
     return [op.ih * op.iw, op.ih, op.iw, op.ic, op.oc, op.k, op.s]
@@ -586,7 +618,7 @@ class RandomForestPredictor:
         samples = _kernel_samples(samples)
         groups: dict[str, list[KernelSample]] = {}
         for s in samples:
-            groups.setdefault(f"{s.proc}/{s.op.kind}", []).append(s)
+            groups.setdefault(f"{s.proc}/{_rf_kind(s.op)}", []).append(s)
         for key, rows in groups.items():
             depth, n_est, max_feat = NNMETER_RF[key.split("/")[1]]
             x = np.array([_rf_features(s.op) for s in rows])
@@ -601,7 +633,7 @@ class RandomForestPredictor:
         out = np.empty(len(samples))
         idx: dict[str, list[int]] = {}
         for i, s in enumerate(samples):
-            idx.setdefault(f"{s.proc}/{s.op.kind}", []).append(i)
+            idx.setdefault(f"{s.proc}/{_rf_kind(s.op)}", []).append(i)
         for key, ii in idx.items():
             if key not in self.forests:
                 raise TensorplanError(f"RandomForestPredictor has no forest for '{key}'")

@@ -72,6 +72,24 @@ def _torch_dtype(d: str):
             "bool": torch.bool, "bfloat16": torch.bfloat16}[d]
 
 
+ALIGN = 64  # TVM assumes 64-byte aligned buffers and emits aligned vector loads
+
+
+def is_aligned(t) -> bool:
+    return t.is_contiguous() and t.data_ptr() % ALIGN == 0
+
+
+def aligned(t):
+    """`t` itself when contiguous and 64-byte aligned (torch allocations are), else an
+    aligned copy: a misaligned buffer (e.g. `torch.from_numpy`) would fault in TVM code."""
+    import torch
+    if is_aligned(t):
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
 @dataclass
 class CompiledKernel:
     """A compiled TVM kernel; call it with torch tensors (zero-copy via DLPack).
@@ -99,10 +117,19 @@ class CompiledKernel:
 
     def __call__(self, *inputs, out: list | None = None):
         outs = out if out is not None else self.alloc_outputs()
-        self.func(*inputs, *self.consts, *outs)
+        for o in outs:
+            if not is_aligned(o):
+                raise CompileError(f"kernel '{self.name}': output tensors must be contiguous and "
+                                   f"{ALIGN}-byte aligned (allocate them with torch)")
+        self.func(*[aligned(x) for x in inputs], *self.consts, *outs)
         return outs if len(outs) > 1 or out is not None else outs[0]
 
     def bind(self, inputs: list, outputs: list) -> Callable[[], None]:
+        """Fix all arguments (they must stay alive and aligned); returns a no-arg callable."""
+        for t in (*inputs, *outputs):
+            if not is_aligned(t):
+                raise CompileError(f"kernel '{self.name}': bound tensors must be contiguous and "
+                                   f"{ALIGN}-byte aligned")
         return functools.partial(self.func, *inputs, *self.consts, *outputs)
 
 
@@ -111,11 +138,12 @@ def compile_lowered(lowered: Lowered, target: Any = None, schedule: dict | None 
     """Schedule and compile a `Lowered` kernel (cached by structure + schedule + target)."""
     import torch
     import tvm
+    import tvm_ffi
     tgt = make_target(target, threads)
     sched = dict(schedule or {"name": "default"})
     n_threads = int(tgt.attrs.get("num-cores", threads or os.cpu_count() or 1)) if hasattr(tgt, "attrs") else 2
     h = hashlib.sha256()
-    h.update(str(tvm.ir.structural_hash(lowered.func)).encode())
+    h.update(str(tvm_ffi.structural_hash(lowered.func)).encode())
     h.update(json.dumps(sched, sort_keys=True, default=str).encode())
     h.update(_target_key(tgt).encode())
     key = h.hexdigest()[:24]
@@ -133,7 +161,7 @@ def compile_lowered(lowered: Lowered, target: Any = None, schedule: dict | None 
                                f"{msg[-1] if msg else type(e).__name__}") from None
         with _LOCK:
             _LIB_CACHE[key] = lib
-    consts = [torch.from_numpy(np.ascontiguousarray(c)) for c in lowered.consts]
+    consts = [aligned(torch.from_numpy(np.ascontiguousarray(c))) for c in lowered.consts]
     return CompiledKernel(name=name, input_names=list(lowered.inputs), output_names=list(lowered.outputs),
                           output_shapes=[tuple(s) for s in lowered.output_shapes],
                           output_dtypes=list(lowered.output_dtypes), func=lib["main"], consts=consts,

@@ -182,10 +182,76 @@ def _f(v, dtype):
 
 
 # -- elementwise -----------------------------------------------------------------------
-def _fast(fn_name: str, ctx: _Ctx, src):
-    """Apply topi.fast_exp/tanh/erf to a te.Tensor (the wrapper block gets inlined)."""
+# Vectorisable polynomial forms of exp / tanh / erf (LLVM would call libm per lane).
+# The argument is bound once with a `Let`, so an inlined producer is not duplicated
+# into every term of the polynomial.
+def _let(e, body_fn):
     tvm = _t()
-    return getattr(tvm.topi, fn_name)(src)
+    v = tvm.tirx.Var("t", _dt(e))
+    return tvm.tirx.Let(v, e, body_fn(v))
+
+
+def _poly(x, coeffs):
+    """Horner: coeffs from highest degree to lowest."""
+    acc = _f(coeffs[0], "float32")
+    for c in coeffs[1:]:
+        acc = acc * x + _f(c, "float32")
+    return acc
+
+
+def fast_exp(e):
+    """exp(x), Cephes-style range reduction + degree-7 polynomial; rel err ~1e-7."""
+    tvm = _t()
+    te, tirx = tvm.te, tvm.tirx
+
+    def body(x):
+        def b2(xc):
+            def b3(n):
+                def b4(r):
+                    p = _poly(r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                                  1.6666665459e-1, 5.0000001201e-1])
+                    p = p * r * r + r + _f(1.0, "float32")
+                    scale = tirx.reinterpret("float32", (n.astype("int32") + 127) << 23)
+                    return scale * p
+                return _let(xc - n * _f(0.69314718056, "float32"), b4)
+            return _let(te.floor(xc * _f(1.44269504089, "float32") + _f(0.5, "float32")), b3)
+        return _let(te.max(te.min(x, _f(88.3762626647949, "float32")), _f(-88.3762626647949, "float32")), b2)
+    return _let(e, body)
+
+
+def fast_tanh(e):
+    """tanh(x) as a [13/6] rational function on [-9, 9]; abs err ~1e-7."""
+    te = _t().te
+
+    def body(x):
+        def b2(x2):
+            num = _poly(x2, [-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+                             5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+                             4.89352455891786e-03])
+            den = _poly(x2, [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+                             4.89352518554385e-03])
+            return x * num / den
+        return _let(x * x, b2)
+    return _let(te.max(te.min(e, _f(9.0, "float32")), _f(-9.0, "float32")), body)
+
+
+def fast_erf(e):
+    """erf(x) as a rational function on [-4, 4]; abs err ~1e-7."""
+    te = _t().te
+
+    def body(x):
+        def b2(x2):
+            num = _poly(x2, [-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+                             -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+                             -1.60960333262415e-02])
+            den = _poly(x2, [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                             -7.37332916720468e-03, -1.42647390514189e-02])
+            return x * num / den
+        return _let(x * x, b2)
+    return _let(te.max(te.min(e, _f(4.0, "float32")), _f(-4.0, "float32")), body)
+
+
+_FAST = {"fast_exp": fast_exp, "fast_tanh": fast_tanh, "fast_erf": fast_erf}
 
 
 def _unary(ctx: _Ctx, node: Node, fn):
@@ -194,50 +260,48 @@ def _unary(ctx: _Ctx, node: Node, fn):
     return _compute(ctx, shp, lambda i: fn(ctx.bload(x, i, shp)), node.op, _out_dtype(ctx, node))
 
 
-def _as_tensor(ctx: _Ctx, name: str):
-    """A te.Tensor for graph tensor `name` (materialises constants as a compute over a load)."""
-    if name in ctx.vals:
-        return ctx.vals[name]
-    shp = ctx.shape(name)
-    return _compute(ctx, shp, lambda i: ctx.load(name, i), "const")
-
-
 def _fast_unary(ctx: _Ctx, node: Node, which: str, pre=None, post=None):
-    """post(fast_which(pre(x))) with each stage a te.compute (all inlined later)."""
+    """post(fast(pre(x)), x) as one expression (x bound once)."""
     shp = _out_shape(ctx, node)
     x = node.inputs[0]
     dt = ctx.dtype(x)
     if dt != "float32":
         raise ctx.err(f"only float32 is supported, got {dt}")
     pre = pre or (lambda e: e)
-    a = _compute(ctx, shp, lambda i: pre(ctx.bload(x, i, shp)), node.op + "_pre")
-    b = _fast(which, ctx, a)
-    if post is None:
-        return b
-    return _compute(ctx, shp, lambda i: post(b(*i), ctx.bload(x, i, shp)), node.op)
+    fast = _FAST[which]
+
+    def f(i):
+        def with_x(xv):
+            b = fast(pre(xv))
+            return b if post is None else post(b, xv)
+        return _let(ctx.bload(x, i, shp), with_x)
+    return _compute(ctx, shp, f, node.op)
 
 
 def _fast_log_expr(x):
-    """log(x) for x > 0 with a vectorisable polynomial (~1 ulp-ish, rel err < 1e-6).
+    """log(x) for x > 0 with a vectorisable series (rel err < 1e-6).
 
     x = m * 2^e with m in [sqrt(.5), sqrt(2)); log(m) = 2*atanh((m-1)/(m+1)) series.
     """
     tvm = _t()
     tirx = tvm.tirx
-    bits = tirx.reinterpret("int32", x)
-    e = ((bits >> 23) & 0xFF) - 127
-    mbits = (bits & 0x007FFFFF) | 0x3F800000
-    m = tirx.reinterpret("float32", mbits)          # [1, 2)
-    big = m > _f(1.41421356, "float32")
-    m = tirx.Select(big, m * _f(0.5, "float32"), m)
-    ef = tirx.Select(big, e + 1, e).astype("float32")
-    s = (m - _f(1.0, "float32")) / (m + _f(1.0, "float32"))
-    s2 = s * s
-    # 2*atanh(s) = 2(s + s^3/3 + s^5/5 + ...), |s| <= 0.1716
-    p = _f(2.0 / 11, "float32")
-    for c in (2.0 / 9, 2.0 / 7, 2.0 / 5, 2.0 / 3, 2.0):
-        p = p * s2 + _f(c, "float32")
-    return ef * _f(math.log(2.0), "float32") + s * p
+
+    def body(xv):
+        bits = tirx.reinterpret("int32", xv)
+        e = ((bits >> 23) & 0xFF) - 127
+        mbits = (bits & 0x007FFFFF) | 0x3F800000
+        m = tirx.reinterpret("float32", mbits)          # [1, 2)
+        big = m > _f(1.41421356, "float32")
+        m = tirx.Select(big, m * _f(0.5, "float32"), m)
+        ef = tirx.Select(big, e + 1, e).astype("float32")
+
+        def b2(s):
+            def b3(s2):
+                p = _poly(s2, [2.0 / 11, 2.0 / 9, 2.0 / 7, 2.0 / 5, 2.0 / 3, 2.0])
+                return ef * _f(math.log(2.0), "float32") + s * p
+            return _let(s * s, b3)
+        return _let((m - _f(1.0, "float32")) / (m + _f(1.0, "float32")), b2)
+    return _let(x, body)
 
 
 @_reg("Exp")
@@ -276,14 +340,10 @@ def _mish(ctx, node):
     tvm = _t()
     one = _f(1.0, "float32")
     zero = _f(0.0, "float32")
-    shp = _out_shape(ctx, node)
-    x = node.inputs[0]
-    a = _compute(ctx, shp, lambda i: -tvm.te.abs(ctx.bload(x, i, shp)), "mish_a")
-    b = tvm.topi.fast_exp(a)
-    sp = _compute(ctx, shp, lambda i: tvm.te.max(ctx.bload(x, i, shp), zero) + _fast_log_expr(one + b(*i)),
-                  "mish_sp")
-    th = tvm.topi.fast_tanh(sp)
-    return _compute(ctx, shp, lambda i: ctx.bload(x, i, shp) * th(*i), "Mish")
+
+    def post(b, x):  # x * tanh(softplus(x)), b = exp(-|x|)
+        return x * fast_tanh(tvm.te.max(x, zero) + _fast_log_expr(one + b))
+    return _fast_unary(ctx, node, "fast_exp", pre=lambda e: -tvm.te.abs(e), post=post)
 
 
 @_reg("Elu")
@@ -330,7 +390,7 @@ def _log(ctx, node):
     # exact semantics at 0 / negatives: -inf / nan, like numpy
     def f(x):
         return tvm.tirx.Select(x > _f(0.0, "float32"), _fast_log_expr(x),
-                               tvm.tirx.Select(x == _f(0.0, "float32"), _f(-np.inf, "float32"),
+                               tvm.tirx.Select(tvm.tirx.EQ(x, _f(0.0, "float32")), _f(-np.inf, "float32"),
                                                _f(np.nan, "float32")))
     return _unary(ctx, node, f)
 
@@ -403,7 +463,7 @@ def _binary_expr(op: str, a, b, node: Node):
     if op == "Min":
         return te.min(a, b)
     if op == "Equal":
-        return a == b
+        return tirx.EQ(a, b)
     if op == "Less":
         return a < b
     if op == "Greater":
@@ -477,18 +537,17 @@ def _pow(ctx, node):
     if ctx.dtype(a) != "float32":
         raise ctx.err("Pow with a non-constant exponent needs float32")
     # x^y = exp(y * log|x|) with the sign fixed for odd integer y; fast vectorisable forms.
-    lg = _compute(ctx, shp, lambda i: ctx.bload(b, i, shp).astype("float32")
-                  * _fast_log_expr(tvm.te.abs(ctx.bload(a, i, shp))), "pow_log")
-    ex = tvm.topi.fast_exp(lg)
-
     def fin(i):
-        x = ctx.bload(a, i, shp)
-        y = ctx.bload(b, i, shp).astype("float32")
-        odd = tvm.tirx.fmod(tvm.te.abs(y), _f(2.0, "float32")) == _f(1.0, "float32")
-        mag = tvm.tirx.Select(x == _f(0.0, "float32"),
-                              tvm.tirx.Select(y == _f(0.0, "float32"), _f(1.0, "float32"), _f(0.0, "float32")),
-                              ex(*i))
-        return tvm.tirx.Select(tvm.tirx.And(x < _f(0.0, "float32"), odd), -mag, mag)
+        def with_xy(x):
+            def inner(y):
+                odd = tvm.tirx.EQ(tvm.tirx.fmod(tvm.te.abs(y), _f(2.0, "float32")), _f(1.0, "float32"))
+                ex = fast_exp(y * _fast_log_expr(tvm.te.abs(x)))
+                mag = tvm.tirx.Select(tvm.tirx.EQ(x, _f(0.0, "float32")),
+                                      tvm.tirx.Select(tvm.tirx.EQ(y, _f(0.0, "float32")), _f(1.0, "float32"),
+                                                      _f(0.0, "float32")), ex)
+                return tvm.tirx.Select(tvm.tirx.And(x < _f(0.0, "float32"), odd), -mag, mag)
+            return _let(ctx.bload(b, i, shp).astype("float32"), inner)
+        return _let(ctx.bload(a, i, shp), with_xy)
     return _compute(ctx, shp, fin, "Pow", _out_dtype(ctx, node))
 
 

@@ -95,13 +95,21 @@ def _row_rfactor(sch, block, red_loops: list, vectorize: bool = True):
     ko, ki = sch.split(k, [None, v])
     rf = sch.rfactor(ki, factor_axis=0)
     if vectorize:
-        loops = sch.get_loops(rf)
-        # the lane loop (spatial in rf) is innermost after rfactor; vectorise it
-        try:
-            sch.vectorize(loops[-1])
-        except Exception:  # noqa: BLE001
-            pass
+        _vectorize_rf_lane(sch, rf)
     return rf
+
+
+def _vectorize_rf_lane(sch, rf) -> None:
+    """rfactor puts the lane loop outside the remaining reduce loop; move it innermost
+    (it is spatial in the rf block) and vectorise it."""
+    loops = sch.get_loops(rf)
+    if len(loops) < 2:
+        return
+    try:
+        sch.reorder(loops[-1], loops[-2])
+        sch.vectorize(sch.get_loops(rf)[-1])
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _schedule_spatial_root(sch, block, parallel: bool | None, threads: int):
@@ -161,13 +169,10 @@ def _schedule_reduction_root(sch, block, hint: dict | None, parallel: bool | Non
         outer = sch.fuse(*sp) if len(sp) > 1 else (sp[0] if sp else None)
         if outer is not None and _want_parallel(parallel, work, _extent(sch, outer), threads):
             sch.parallel(outer)
-        rf = _row_rfactor(sch, block, rd)
-        if rf is not None and outer is not None:
-            try:
-                sch.compute_at(rf, outer)
-                sch.vectorize(sch.get_loops(rf)[-1])
-            except Exception:  # noqa: BLE001
-                pass
+        if outer is not None:
+            _rfactor_under(sch, block, rd, outer)
+        else:
+            _row_rfactor(sch, block, rd)
         return
     # column style: keep the input's memory order, vectorise the inner spatial loops
     loop_of = {("s", i): x for i, x in enumerate(sp)}
@@ -194,11 +199,18 @@ def _schedule_reduction_root(sch, block, hint: dict | None, parallel: bool | Non
         sch.decompose_reduction(block, init_at)
         _vec_init_and_update(sch, block, inner)
         return
-    # too little outer work: split the inner spatial loop, parallel over its outer part
+    # too little outer work: tile the inner spatial loop into column strips of up to
+    # 256 accumulators (L1-resident), parallel over strips, reduce loops in between,
+    # 16-lane vectors innermost.
     n = _extent(sch, inner)
     v = _pick_lanes(n, cap=16) or 1
-    io, ii = sch.split(inner, [None, v])
-    sch.reorder(io, *mid, ii)
+    w = 1
+    while w * 2 * v <= 256 and n % (w * 2 * v) == 0:
+        w *= 2
+    io, ij, ii = sch.split(inner, [None, w, v])
+    sch.reorder(io, *mid, ij, ii)
+    if outer is not None:
+        io = sch.fuse(outer, io)
     if _want_parallel(parallel, work, _extent(sch, io), threads):
         sch.parallel(io)
     sch.decompose_reduction(block, mid[0])
@@ -245,90 +257,107 @@ def _schedule_matmul(sch, block, sp, rd, parallel, threads):
 def _try_rows(lowered: Lowered, func, parallel: bool | None, threads: int):
     """The fused "rows" strategy; returns a schedule or None when it does not apply."""
     tvm, s_tir = _s()
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    sch = s_tir.Schedule(func)
     sch.work_on("main")
-    root = sch.get_sblock("root")
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
-    _inline_all(sch, names, lowered)
-    blocks = sch.get_child_blocks(root)
-    names = [sch.get(b).name_hint for b in blocks]
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if len(lowered.out_blocks) != 1:
         return None
     oname = lowered.out_blocks[0]
     reds = [n for n in names if n != oname]
-    if not reds or any(n not in lowered.hints or lowered.hints[n].get("kind") != "reduce" for n in reds):
+    if not reds or any(lowered.hints.get(n, {}).get("kind") != "reduce" for n in reds):
         return None
     o = sch.get_sblock(oname)
+    if _is_reduction(sch, o) and lowered.hints.get(oname, {}).get("kind") != "reduce":
+        return None
     n_sp = _n_spatial(sch, o)
-    o_loops = sch.get_loops(o)
-    totals = {n: _prod(_extent(sch, x) for x in sch.get_loops(sch.get_sblock(n))) for n in reds}
-    base = sch.copy() if hasattr(sch, "copy") else None
-    for p in range(n_sp - 1 if not _is_reduction(sch, o) else n_sp, 0, -1):
-        trial = s_tir.Schedule(sch.mod)
+    top = n_sp - 1 if not _is_reduction(sch, o) else n_sp
+    for p in range(top, 0, -1):
+        trial = s_tir.Schedule(func)
         trial.work_on("main")
-        ok = _rows_at(trial, oname, reds, p, totals, lowered, parallel, threads)
-        if ok:
-            return trial
-    del base, o_loops
+        try:
+            if _rows_at(trial, oname, reds, p, lowered, parallel, threads):
+                return trial
+        except Exception:  # noqa: BLE001 - this p does not work; try a coarser one
+            continue
     return None
 
 
-def _rows_at(sch, oname, reds, p, totals, lowered, parallel, threads) -> bool:
+def _row_style(sch, block, hint: dict | None) -> bool:
+    """True when the reduce axes are the innermost non-unit dims of the reduced input."""
+    if not hint or hint.get("kind") != "reduce":
+        return False
+    b = sch.get(block)
+    ns = sum(1 for iv in b.iter_vars if int(iv.iter_type) == 0)
+    exts = [int(iv.dom.extent) for iv in b.iter_vars]
+    ext = {("s", i): exts[i] for i in range(ns)}
+    ext.update({("r", i): exts[ns + i] for i in range(len(exts) - ns)})
+    eff = [tuple(o) for o in hint["order"] if ext.get(tuple(o), 1) > 1]
+    first_r = next((k for k, o in enumerate(eff) if o[0] == "r"), len(eff))
+    return first_r < len(eff) and all(o[0] == "r" for o in eff[first_r:])
+
+
+def _rows_at(sch, oname, reds, p, lowered, parallel, threads) -> bool:
+    """rfactor every row reduction at root, then compute them all inside the output's
+    outer `p` loops (fused, parallel). False when that would recompute work."""
+    # 1. rfactor row-style reductions while each still owns its loop nest
+    members: list[str] = []   # blocks to move under `outer`, consumer-first order
+    for n in reversed(reds + ([oname] if _is_reduction(sch, sch.get_sblock(oname)) else [])):
+        blk = sch.get_sblock(n)
+        rf_name = None
+        if _row_style(sch, blk, lowered.hints.get(n)):
+            b = sch.get(blk)
+            nr = sum(1 for iv in b.iter_vars if int(iv.iter_type) == 2)
+            loops = sch.get_loops(blk)
+            rf = _row_rfactor(sch, blk, list(loops[len(loops) - nr:]), vectorize=False)
+            if rf is not None:
+                rf_name = sch.get(rf).name_hint
+        if n != oname:
+            members.append(n)
+        if rf_name:
+            members.append(rf_name)
+    root_blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    totals = {n: _prod(_extent(sch, x) for x in sch.get_loops(sch.get_sblock(n))) for n in root_blocks}
+    # 2. fuse the output's outer loops
     o = sch.get_sblock(oname)
     loops = sch.get_loops(o)
-    outer_loops = loops[:p]
-    outer = sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0]
+    outer = sch.fuse(*loops[:p]) if p > 1 else loops[0]
     n_outer = _extent(sch, outer)
     if n_outer < 2:
         return False
-    try:
-        for n in reversed(reds):
-            sch.compute_at(sch.get_sblock(n), outer, preserve_unit_loops=False)
-    except Exception:  # noqa: BLE001
-        return False
-    for n in reds:
+    # 3. move producers under it (consumers first), check no work is repeated
+    for n in members:
+        sch.compute_at(sch.get_sblock(n), outer, preserve_unit_loops=False)
+    for n in members:
         ls = sch.get_loops(sch.get_sblock(n))
-        inner = _prod(_extent(sch, x) for x in ls[1:])
-        if inner * n_outer > totals[n]:
-            return False  # compute_at would recompute the reduction
-    # reductions: rfactor their (fused, innermost) reduce loops into vector lanes
-    for n in reds:
-        blk = sch.get_sblock(n)
-        ls = sch.get_loops(blk)[1:]
-        b = sch.get(blk)
-        red_vars = {iv.var for iv in b.iter_vars if int(iv.iter_type) == 2}
-        del red_vars
-        kinds = [int(iv.iter_type) for iv in b.iter_vars]
-        ns = sum(1 for k in kinds if k == 0)
-        # loops under `outer`: remaining spatial loops then reduce loops
-        sp_l = [x for x in ls if _extent(sch, x) > 1][: max(0, len(ls) - (len(kinds) - ns))]
-        rd_l = ls[len(ls) - (len(kinds) - ns):]
-        hint = lowered.hints.get(n, {})
-        order = [tuple(x) for x in hint.get("order", [])]
-        eff_r = [o for o in order if o[0] == "r"]
-        row_style = bool(eff_r) and not sp_l
-        if row_style and rd_l:
-            try:
-                _row_rfactor(sch, blk, list(rd_l))
-            except Exception:  # noqa: BLE001
-                pass
-    # output block: inner loops vectorised; if it is itself a reduction, rfactor it too
+        if _prod(_extent(sch, x) for x in ls[1:]) * n_outer > totals[n]:
+            return False
+    # 4. vectorise: rf lanes innermost; the output's inner loops
+    for n in members:
+        if n.endswith("_rf"):
+            _vectorize_rf_lane(sch, sch.get_sblock(n))
     o = sch.get_sblock(oname)
     ls = sch.get_loops(o)[1:]
-    if _is_reduction(sch, o):
-        b = sch.get(o)
-        nr = sum(1 for iv in b.iter_vars if int(iv.iter_type) == 2)
-        try:
-            _row_rfactor(sch, o, list(ls[len(ls) - nr:]))
-        except Exception:  # noqa: BLE001
-            pass
-    elif ls:
+    if not _is_reduction(sch, o) and ls:
         inner = sch.fuse(*ls) if len(ls) > 1 else ls[0]
         _vectorize_tail(sch, inner)
-    work = _prod(totals.values()) if False else n_outer * 64
-    if _want_parallel(parallel, max(work, sum(totals.values())), n_outer, threads):
+    if _want_parallel(parallel, sum(totals.values()), n_outer, threads):
         sch.parallel(outer)
     return True
+
+
+def _rfactor_under(sch, blk, red_loops, outer) -> None:
+    """rfactor a reduction that sits under `outer` and move the rf block back under it."""
+    try:
+        rf = _row_rfactor(sch, blk, red_loops, vectorize=False)
+    except Exception:  # noqa: BLE001
+        return
+    if rf is None:
+        return
+    try:
+        sch.compute_at(rf, outer, preserve_unit_loops=False)
+    except Exception:  # noqa: BLE001
+        pass
+    _vectorize_rf_lane(sch, rf)
 
 
 def _inline_all(sch, names: list[str], lowered: Lowered) -> None:
@@ -342,21 +371,30 @@ def _inline_all(sch, names: list[str], lowered: Lowered) -> None:
             pass
 
 
+def inlined_module(lowered: Lowered):
+    """IRModule with every injective intermediate inlined (Let variables re-made unique:
+    inlining one producer into two consumers would otherwise define a Let var twice)."""
+    tvm, s_tir = _s()
+    sch = s_tir.Schedule(tvm.IRModule({"main": lowered.func}))
+    sch.work_on("main")
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    _inline_all(sch, names, lowered)
+    return tvm.tirx.transform.ConvertSSA()(sch.mod)
+
+
 def default_schedule(lowered: Lowered, parallel: bool | None = None, threads: int = 2):
     """The default schedule of a lowered kernel as an IRModule ready for `tvm.compile`."""
     tvm, s_tir = _s()
-    func = lowered.func
+    func = inlined_module(lowered)
     try:
         sch = _try_rows(lowered, func, parallel, threads)
     except Exception:  # noqa: BLE001
         sch = None
     if sch is not None:
         return sch.mod
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    sch = s_tir.Schedule(func)
     sch.work_on("main")
     root = sch.get_sblock("root")
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
-    _inline_all(sch, names, lowered)
     for b in sch.get_child_blocks(root):
         name = sch.get(b).name_hint
         try:

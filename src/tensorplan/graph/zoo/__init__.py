@@ -139,6 +139,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

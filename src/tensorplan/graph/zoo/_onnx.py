@@ -171,7 +171,7 @@ def fold_constants(model: onnx.ModelProto, max_rounds: int = 6) -> onnx.ModelPro
         nodes = kept
         if not changed:
             break
-    return _with_nodes(model, _live(nodes, graph_outputs), inits, prune_inits=True)
+    return _assemble(model, _live(nodes, graph_outputs), inits)
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
@@ -184,15 +184,23 @@ def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto
     return keep[::-1]
 
 
-def _with_nodes(model: onnx.ModelProto, nodes, inits: dict[str, onnx.TensorProto],
-                prune_inits: bool = False) -> onnx.ModelProto:
-    used = {x for n in nodes for x in n.input} | {o.name for o in model.graph.output}
-    init_list = [t for name, t in inits.items() if not prune_inits or name in used]
-    graph = helper.make_graph(list(nodes), model.graph.name, list(model.graph.input),
-                              list(model.graph.output), initializer=init_list)
-    m = helper.make_model(graph, opset_imports=list(model.opset_import),
-                          producer_name="tensorplan.zoo", ir_version=model.ir_version)
-    return m
+def _assemble(model: onnx.ModelProto, nodes, inits: dict[str, onnx.TensorProto]) -> onnx.ModelProto:
+    """Put `nodes` and the initializers they use into `model` in place (no copy of the weights)."""
+    g = model.graph
+    used = {x for n in nodes for x in n.input} | {o.name for o in g.output}
+    present = set()
+    for i in reversed(range(len(g.initializer))):
+        if g.initializer[i].name in used:
+            present.add(g.initializer[i].name)
+        else:
+            del g.initializer[i]
+    g.initializer.extend(t for name, t in inits.items() if name in used and name not in present)
+    new_nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in nodes]
+    g.ClearField("node")
+    g.node.extend(new_nodes)
+    g.ClearField("value_info")
+    model.producer_name = "tensorplan.zoo"
+    return model
 
 
 def finalize(model: onnx.ModelProto, name: str, opset: int) -> onnx.ModelProto:

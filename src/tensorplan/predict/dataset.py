@@ -1,0 +1,694 @@
+"""A TenSet-like dataset of measured tensor programs (CDMPP's training data), built locally.
+
+Why: no PyPI TVM can replay TenSet's Ansor records, so the data is regenerated with
+apache-tvm 0.27 meta-schedule (reference/cdmpp.md §7.2).  For every *task* (a fused kernel
+of a zoo network, `tasks.py`) we sample schedules from the post-order-apply design space
+(replay-trace style: every random decision re-sampled), apply the mandatory postprocessors,
+compile in-process once and time the same binary with 1 and with 2 runtime threads: two
+device domains `local-1t` and `local-2t` (`tensorplan.devices.resolve`).
+
+Collection writes into the measurement `Store` (programs of kind `cdmpp_program` holding the
+replayable schedule trace JSON; one measurement per device with every repeat) and marks each
+sample done in the same transaction, so a killed run loses at most the program in flight and
+`collect` resumes where it stopped.  `export` turns a store into the compact committed form
+under `data/cdmpp/` (parquet+zstd records, float16 leaf features), which `load_dataset` reads.
+
+Network latency ground truth ("measured network"): for network N and device D,
+T(N, D) = sum over N's tasks of (call-site count) x (median latency of the fastest *stable*
+sampled program of that task on D).  It is the end-to-end time of the network compiled with
+the best sampled schedule of every kernel, with kernels run back to back (no framework
+overhead) -- exactly the quantity CDMPP's `end2end/replay.py` predicts (sum of weight x
+predicted latency), so predicted and measured network latencies are comparable.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import TensorplanError
+
+PROGRAM_KIND = "cdmpp_program"
+TASK_KIND = "cdmpp_task"
+NETWORK_KIND = "cdmpp_network"
+TAG = "cdmpp"
+JOB = "cdmpp-collect"
+DEFAULT_MAX_COV = 0.01          # CDMPP §2.6: keep records whose repeat CoV <= 1 %
+
+
+def default_data_dir() -> Path:
+    """`data/cdmpp/` of the source checkout (the committed dataset)."""
+    return Path(__file__).resolve().parents[3] / "data" / "cdmpp"
+
+
+# =========================================================================== collection
+
+def _plain(o: Any) -> Any:
+    """TVM ffi containers / IntImm -> plain JSON values (trace JSON for storage)."""
+    if o is None or isinstance(o, (bool, int, float)):
+        return o
+    if isinstance(o, str):
+        return str(o)
+    if isinstance(o, dict) or hasattr(o, "items"):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)) or hasattr(o, "__len__") and hasattr(o, "__getitem__") and not hasattr(o, "value"):
+        return [_plain(x) for x in o]
+    if hasattr(o, "value"):
+        return o.value
+    return str(o)
+
+
+def trace_json(sch) -> list:
+    """The schedule's trace (with postprocessor steps) as plain JSON; replay with `replay_trace`."""
+    return _plain(sch.trace.as_json())
+
+
+def replay_trace(mod, trace: list | str):
+    """Rebuild the scheduled IRModule from a task's `mod` and a stored trace (JSON list or string)."""
+    from tvm import s_tir
+    if isinstance(trace, str):
+        trace = json.loads(trace)
+    sch = s_tir.Schedule(mod)
+    try:
+        s_tir.Trace.apply_json_to_schedule(trace, sch)
+    except Exception as e:  # noqa: BLE001
+        raise TensorplanError(f"replay_trace: stored trace does not apply to the task's PrimFunc: {e}") from None
+    return sch
+
+
+def _seed(task_key: str, i: int) -> int:
+    h = int(hashlib.sha1(f"{task_key}:{i}".encode()).hexdigest()[:8], 16)
+    return 1 + h % 2147483646
+
+
+class _TaskState:
+    """Per-task cached TVM objects: design spaces, postprocessors, argument tensors."""
+
+    def __init__(self, task, target):
+        from tvm.s_tir import meta_schedule as ms
+        self.task = task
+        self.ctx = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
+                                  search_strategy="replay-trace", num_threads=1)
+        self.spaces = list(self.ctx.generate_design_space())
+        self.postprocs = list(self.ctx.space_generator.postprocs)
+        self._args = None
+
+    def args(self):
+        if self._args is None:
+            import tvm
+            from tvm.s_tir import meta_schedule as ms
+            rng = np.random.default_rng(0)
+            out = []
+            for a in ms.arg_info.ArgInfo.from_prim_func(self.task.mod["main"]):
+                shape = [int(x) for x in a.shape]
+                dt = str(a.dtype)
+                if dt.startswith("float"):
+                    arr = rng.standard_normal(shape).astype(dt)
+                elif dt == "bool":
+                    arr = rng.integers(0, 2, shape).astype(bool)
+                else:
+                    arr = np.zeros(shape, dtype=dt)     # integer inputs are indices: 0 is always in range
+                out.append(tvm.runtime.tensor(arr))
+            self._args = out
+        return self._args
+
+
+def sample_schedule(state: _TaskState, i: int):
+    """Sample program i of a task: design space i mod n_spaces, every decision re-drawn with a
+    seed derived from (task, i), then the mandatory postprocessors. Returns (sch, space) or None."""
+    from tvm import s_tir
+    space = i % len(state.spaces)
+    sch = s_tir.Schedule(state.task.mod, seed=_seed(state.task.key, i))
+    try:
+        state.spaces[space].trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *a: None)
+        for p in state.postprocs:
+            if not p.apply(sch):
+                return None
+    except Exception:  # noqa: BLE001 - an invalid random draw is a normal outcome
+        return None
+    return sch, space
+
+
+def _time_lib(lib, args, threads: Sequence[int], *, min_repeat_s: float, max_kernel_s: float,
+              repeats: int) -> dict[int, Any] | str:
+    """Time one compiled kernel at each thread count with TVM's time_evaluator.
+
+    One untimed call per thread count (warm-up), `number` calls per repeat so that a repeat
+    lasts >= min_repeat_s (µs kernels need number > 1), 3-`repeats` repeats.
+    """
+    import tvm
+    from ..measure.timer import Timing, _tvm_threadpool
+    cfg, num = _tvm_threadpool()
+    dev = tvm.cpu()
+    f = lib["main"]
+    cfg(1, max(threads))
+    t0 = time.perf_counter()
+    f(*args)
+    est = time.perf_counter() - t0
+    if est > 4 * max_kernel_s:
+        return f"too slow ({est:.2f} s per call)"
+    ev = lib.time_evaluator("main", dev, number=1, repeat=1)
+    est = min(est, ev(*args).mean)
+    if est > max_kernel_s:
+        return f"too slow ({est:.2f} s per call)"
+    number = max(1, min(100000, int(math.ceil(min_repeat_s / max(est, 1e-9)))))
+    rep = repeats if est < 0.02 else 3
+    out: dict[int, Any] = {}
+    for t in threads:
+        cfg(1, t)
+        f(*args)
+        ev = lib.time_evaluator("main", dev, number=number, repeat=rep)
+        res = ev(*args)
+        out[t] = Timing.from_repeats(list(res.results), warmup=1, number=number, threads=int(num()),
+                                     method=f"tvm time_evaluator number={number} repeat={rep}; "
+                                            f"1 warm-up call; runtime pool {int(num())} thread(s)")
+    cfg(1, max(threads))
+    return out
+
+
+@dataclass
+class CollectStats:
+    programs: int = 0
+    records: int = 0
+    failed_sample: int = 0
+    failed_build: int = 0
+    too_slow: int = 0
+    skipped_done: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["records_per_s"] = self.records / self.seconds if self.seconds else 0.0
+        return d
+
+
+def _store_tasks(store, tasks) -> None:
+    store.put_programs([(TASK_KIND, {"key": t.key, "name": t.name, "script": t.script(),
+                                     "flops": t.flops}) for t in tasks])
+
+
+def _load_store_tasks(store, networks: Sequence[str]):
+    """Tasks of `networks` already extracted into the store, or None if any network is missing."""
+    from .tasks import task_from_script
+    nets = {}
+    for (payload,) in store._read("SELECT payload FROM programs WHERE kind=?", (NETWORK_KIND,)):
+        p = json.loads(payload)
+        nets[p["network"]] = p["tasks"]
+    if not all(n in nets for n in networks):
+        return None
+    scripts = {}
+    for (payload,) in store._read("SELECT payload FROM programs WHERE kind=?", (TASK_KIND,)):
+        p = json.loads(payload)
+        scripts[p["key"]] = p
+    tasks = {}
+    for n in networks:
+        for k, c in nets[n].items():
+            if k not in tasks:
+                p = scripts[k]
+                tasks[k] = task_from_script(k, p["name"], p["script"], {}, p.get("flops", 0.0))
+            tasks[k].networks[n] = c
+    return sorted(tasks.values(), key=lambda t: t.key)
+
+
+def get_tasks(store, networks: Sequence[str], log: Callable[[str], None] = print):
+    """Extract (or reload from the store) the tasks of `networks`."""
+    from .tasks import network_tasks
+    from ..graph import zoo
+    cached = _load_store_tasks(store, networks)
+    if cached is not None:
+        return cached
+    merged: dict = {}
+    for n in networks:
+        p = Path(n)
+        path, name = (p, p.stem) if p.suffix == ".onnx" else (zoo.export(n), n)
+        t0 = time.time()
+        ts = network_tasks(path, name)
+        _store_tasks(store, ts)
+        store.put_program(NETWORK_KIND, {"network": name, "tasks": {t.key: t.networks[name] for t in ts}})
+        log(f"tasks: {name}: {len(ts)} fused kernels ({time.time() - t0:.1f} s)")
+        for t in ts:
+            m = merged.setdefault(t.key, t)
+            if m is not t:
+                m.networks.update(t.networks)
+    return sorted(merged.values(), key=lambda t: t.key)
+
+
+def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 64,
+            threads: Sequence[int] = (1, 2), store: Any = None, budget_minutes: float | None = None,
+            batch: int = 4, min_repeat_s: float = 2e-3, repeats: int = 5, max_kernel_s: float = 0.5,
+            max_task_flops: float | None = None, progress: bool = True,
+            log: Callable[[str], None] | None = None) -> CollectStats:
+    """Sample, compile and time programs for every task of `networks`; resumable.
+
+    Round-robin over tasks, `batch` programs per task per visit, so stopping early (budget or
+    kill) still leaves every task covered.  Returns counts and the measured record rate.
+    """
+    import tvm
+    from ..devices import resolve
+    from ..measure.store import Store
+    from .tasks import DEFAULT_NETWORKS
+
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    networks = list(networks or DEFAULT_NETWORKS)
+    threads = sorted({int(t) for t in threads})
+    st = store if isinstance(store, Store) else Store(store)
+    t_start = time.time()
+    deadline = t_start + budget_minutes * 60 if budget_minutes else None
+    specs = {t: resolve(f"local-{t}t") for t in threads}
+    dev_keys = {t: st.put_device(s) for t, s in specs.items()}
+    tasks = get_tasks(st, networks, log)
+    if max_task_flops:
+        tasks = [t for t in tasks if t.flops <= max_task_flops]
+    target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
+    job = st.job(JOB)
+    done = job.done_keys()
+    stats = CollectStats()
+    states: dict[str, _TaskState | None] = {}
+    total = len(tasks) * programs_per_task
+    n_done0 = sum(1 for t in tasks for i in range(programs_per_task) if f"{t.key}:{i}" in done)
+    stats.skipped_done = n_done0
+    log(f"collect: {len(tasks)} tasks from {len(networks)} networks; {programs_per_task} programs/task; "
+        f"threads {threads}; {n_done0}/{total} already done; store {st.path}")
+
+    prog_bar = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        prog_bar = Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
+        prog_bar.start()
+        bar = prog_bar.add_task("collect", total=total, completed=n_done0, info="")
+    last_log = time.time()
+    try:
+        for start in range(0, programs_per_task, batch):
+            for task in tasks:
+                if deadline and time.time() > deadline:
+                    raise _Budget()
+                todo = [i for i in range(start, min(start + batch, programs_per_task))
+                        if f"{task.key}:{i}" not in done]
+                if not todo:
+                    continue
+                state = states.get(task.key, 0)
+                if state == 0:
+                    try:
+                        state = states[task.key] = _TaskState(task, target)
+                        if not state.spaces:
+                            state = states[task.key] = None
+                    except Exception as e:  # noqa: BLE001
+                        log(f"task {task.name} ({task.key}): no design space: {e}")
+                        state = states[task.key] = None
+                for i in todo:
+                    item = f"{task.key}:{i}"
+                    if state is None:
+                        job.mark_done(item)
+                        stats.failed_sample += 1
+                        continue
+                    rows = _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s,
+                                        max_kernel_s, repeats)
+                    with st.transaction():
+                        if rows is not None:
+                            payload, meas = rows
+                            pk = st.put_program(PROGRAM_KIND, payload)
+                            st.put_measurements([(pk, dk, tm, TAG, ex) for dk, tm, ex in meas])
+                            stats.records += len(meas)
+                            stats.programs += 1
+                        job.mark_done(item)
+                    done.add(item)
+                    if prog_bar is not None:
+                        el = time.time() - t_start
+                        prog_bar.update(bar, advance=1, info=f"{stats.records} rec, {stats.records / el:.2f} rec/s")
+                    if time.time() - last_log > 60:
+                        last_log = time.time()
+                        el = time.time() - t_start
+                        log(f"[{el / 60:.1f} min] programs {stats.programs} records {stats.records} "
+                            f"({stats.records / el:.2f} rec/s) failed sample/build/slow "
+                            f"{stats.failed_sample}/{stats.failed_build}/{stats.too_slow}; "
+                            f"done {len(done)}/{total}")
+    except _Budget:
+        log("collect: time budget reached; stopping (resume by running the same command)")
+    finally:
+        if prog_bar is not None:
+            prog_bar.stop()
+        stats.seconds = time.time() - t_start
+    log(f"collect: {json.dumps(stats.to_dict())}")
+    return stats
+
+
+class _Budget(Exception):
+    pass
+
+
+def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_kernel_s, repeats):
+    import tvm
+    t0 = time.perf_counter()
+    r = sample_schedule(state, i)
+    if r is None:
+        stats.failed_sample += 1
+        return None
+    sch, space = r
+    t1 = time.perf_counter()
+    try:
+        lib = tvm.compile(sch.mod, target=target)
+        lib = lib.jit() if hasattr(lib, "jit") else lib
+    except Exception:  # noqa: BLE001
+        stats.failed_build += 1
+        return None
+    t2 = time.perf_counter()
+    try:
+        timings = _time_lib(lib, state.args(), threads, min_repeat_s=min_repeat_s,
+                            max_kernel_s=max_kernel_s, repeats=repeats)
+    except Exception:  # noqa: BLE001 - runtime failure of a random schedule
+        stats.failed_build += 1
+        return None
+    t3 = time.perf_counter()
+    if isinstance(timings, str):
+        stats.too_slow += 1
+        return None
+    payload = {"task_key": state.task.key, "index": i, "space": space, "seed": _seed(state.task.key, i),
+               "trace": trace_json(sch)}
+    extra = {"sample_s": round(t1 - t0, 4), "build_s": round(t2 - t1, 4), "time_s": round(t3 - t2, 4)}
+    return payload, [(dev_keys[t], timings[t], extra) for t in threads]
+
+
+# =========================================================================== export / load
+
+def _featurize_programs(tasks_by_key: dict, programs: list[dict], log, progress: bool = True):
+    """Replay every stored trace and compute its compact AST."""
+    from .features import compact_ast
+    asts = []
+    t0 = time.time()
+    it = range(len(programs))
+    prog_bar = None
+    if progress:
+        from rich.progress import Progress
+        prog_bar = Progress(transient=True)
+        prog_bar.start()
+        bar = prog_bar.add_task("featurize", total=len(programs))
+    for k in it:
+        p = programs[k]
+        sch = replay_trace(tasks_by_key[p["task_key"]].mod, p["trace"])
+        asts.append(compact_ast(sch))
+        if prog_bar is not None:
+            prog_bar.update(bar, advance=1)
+    if prog_bar is not None:
+        prog_bar.stop()
+    log(f"export: featurized {len(programs)} programs in {time.time() - t0:.1f} s")
+    return asts
+
+
+def export(store: Any = None, out_dir: str | Path | None = None, *, log: Callable[[str], None] | None = None,
+           progress: bool = True) -> dict:
+    """Write the compact dataset (parquet+zstd records/tasks, float16 leaf features) from a store."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ..measure.store import Store
+    from .tasks import task_from_script
+
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    st = store if isinstance(store, Store) else Store(store)
+    out = Path(out_dir) if out_dir else default_data_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    # tasks and networks
+    nets: dict[str, dict[str, int]] = {}
+    for (payload,) in st._read("SELECT payload FROM programs WHERE kind=?", (NETWORK_KIND,)):
+        p = json.loads(payload)
+        nets[p["network"]] = p["tasks"]
+    tasks: dict[str, Any] = {}
+    for (payload,) in st._read("SELECT payload FROM programs WHERE kind=?", (TASK_KIND,)):
+        p = json.loads(payload)
+        t = task_from_script(p["key"], p["name"], p["script"], {}, p.get("flops", 0.0))
+        tasks[t.key] = t
+    for n, m in nets.items():
+        for k, c in m.items():
+            if k in tasks:
+                tasks[k].networks[n] = c
+    # measurements
+    progs: dict[str, dict] = {}
+    rows = []
+    devices = {}
+    for m in st.measurements(kind=PROGRAM_KIND, tag=TAG):
+        pk = m["prog_key"]
+        if pk not in progs:
+            progs[pk] = m["payload"]
+        devices[m["device"]] = m["dev_key"]
+        rows.append(m)
+    prog_keys = sorted(progs)
+    pidx = {k: i for i, k in enumerate(prog_keys)}
+    plist = [progs[k] for k in prog_keys]
+    asts = _featurize_programs(tasks, plist, log, progress)
+    # features: one block per program
+    n_leaves = np.array([a.n_leaves for a in asts], dtype=np.int32)
+    offsets = np.concatenate([[0], np.cumsum(n_leaves)]).astype(np.int64)
+    feats = np.concatenate([a.leaf_features for a in asts]).astype(np.float16) if asts else np.zeros((0, 164), np.float16)
+    pre_len = np.array([len(a.preorder) for a in asts], dtype=np.int32)
+    pre_off = np.concatenate([[0], np.cumsum(pre_len)]).astype(np.int64)
+    np.savez_compressed(out / "features.npz", leaf_features=feats, leaf_offsets=offsets,
+                        positions=np.concatenate([a.positions for a in asts]).astype(np.int32) if asts else np.zeros(0, np.int32),
+                        preorder=np.concatenate([a.preorder for a in asts]).astype(np.int32) if asts else np.zeros(0, np.int32),
+                        preorder_offsets=pre_off,
+                        leaf_is_const=np.concatenate([a.leaf_is_const for a in asts]) if asts else np.zeros(0, bool),
+                        flops=np.array([a.flops for a in asts], dtype=np.float64))
+    # programs table
+    pq.write_table(pa.table({
+        "prog_idx": np.arange(len(plist), dtype=np.int32),
+        "prog_key": prog_keys,
+        "task_key": [p["task_key"] for p in plist],
+        "index": [int(p["index"]) for p in plist],
+        "space": [int(p["space"]) for p in plist],
+        "seed": [int(p["seed"]) for p in plist],
+        "trace": [json.dumps(p["trace"], separators=(",", ":")) for p in plist],
+    }), out / "programs.parquet", compression="zstd", compression_level=19)
+    # records table
+    pq.write_table(pa.table({
+        "prog_idx": np.array([pidx[m["prog_key"]] for m in rows], dtype=np.int32),
+        "device": [m["device"] for m in rows],
+        "device_key": [m["dev_key"] for m in rows],
+        "latency_s": np.array([m["median_s"] for m in rows], dtype=np.float64),
+        "mean_s": np.array([m["mean_s"] for m in rows], dtype=np.float64),
+        "cov": np.array([m["cov"] for m in rows], dtype=np.float64),
+        "repeats": pa.array([m["repeats"] for m in rows], type=pa.list_(pa.float32())),
+        "number": np.array([m["number"] for m in rows], dtype=np.int32),
+    }), out / "records.parquet", compression="zstd", compression_level=19)
+    # tasks table
+    tk = sorted(tasks)
+    pq.write_table(pa.table({
+        "task_key": tk,
+        "task_name": [tasks[k].name for k in tk],
+        "networks": [json.dumps(tasks[k].networks, sort_keys=True) for k in tk],
+        "flops": np.array([tasks[k].flops for k in tk], dtype=np.float64),
+        "script": [tasks[k].script() for k in tk],
+    }), out / "tasks.parquet", compression="zstd", compression_level=19)
+    devs = {}
+    for name, key in devices.items():
+        spec = st.get_device(key)
+        devs[name] = {"key": key, "spec": spec.to_dict() if spec else None}
+    meta = {"format": 1, "created": time.time(), "n_programs": len(plist), "n_records": len(rows),
+            "n_tasks_measured": len({p["task_key"] for p in plist}), "devices": devs,
+            "networks": sorted(nets), "feature_dim": 164,
+            "collection": {"sampler": "meta_schedule post-order-apply design space, replay-trace decisions, "
+                                      "mandatory postprocs", "timer": "tvm time_evaluator, number>=1 so "
+                                      "that one repeat lasts >= 2 ms, 5 repeats (3 if > 20 ms)"}}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    log(f"export: {len(rows)} records, {len(plist)} programs, {len(tk)} tasks -> {out} ({size / 1e6:.1f} MB)")
+    return {"dir": str(out), "records": len(rows), "programs": len(plist), "tasks": len(tk), "bytes": size}
+
+
+@dataclass
+class Dataset:
+    """Measured programs: one row of `records` per (program, device).
+
+    `records` columns: record_id, prog_idx, prog_key, task_key, task_name, networks (list of
+    (network, call-site count)), device, device_key, latency_s (median), mean_s, cov, repeats,
+    number, flops (program float ops), n_leaves, trace (replayable JSON string).
+    `leaves[i]` / `positions[i]` are the [n_leaves, 164] float32 features and the CDMPP positions of
+    record i (records of the same program share the arrays).
+    """
+
+    records: Any                     # pandas.DataFrame
+    leaves: list[np.ndarray]
+    positions: list[np.ndarray]
+    tasks: Any                       # pandas.DataFrame: task_key, task_name, networks, flops, script
+    devices: dict[str, dict] = field(default_factory=dict)
+    path: str = ""
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    # ---- selection
+    def subset(self, idx: Sequence[int] | np.ndarray) -> "Dataset":
+        """Rows by position (ints) or boolean mask."""
+        idx = np.asarray(idx)
+        if idx.dtype == bool:
+            idx = np.flatnonzero(idx)
+        rec = self.records.iloc[idx].reset_index(drop=True)
+        return Dataset(rec, [self.leaves[i] for i in idx], [self.positions[i] for i in idx], self.tasks,
+                       self.devices, self.path)
+
+    def filter_stable(self, max_cov: float = DEFAULT_MAX_COV, min_task_samples: int = 0) -> "Dataset":
+        """CDMPP §2.6: drop records whose repeat CoV > max_cov (default 1 %) or latency <= 0;
+        optionally drop (task, device) groups with fewer than `min_task_samples` survivors (CDMPP: 48)."""
+        r = self.records
+        ok = (r["cov"].to_numpy() <= max_cov) & (r["latency_s"].to_numpy() > 0)
+        ds = self.subset(ok)
+        if min_task_samples > 0 and len(ds):
+            cnt = ds.records.groupby(["task_key", "device"])["record_id"].transform("count").to_numpy()
+            ds = ds.subset(cnt >= min_task_samples)
+        return ds
+
+    def device(self, name: str) -> "Dataset":
+        return self.subset(self.records["device"].to_numpy() == name)
+
+    def split(self, kind: str = "network", holdout: Any = None, seed: int = 0,
+              test_fraction: float = 0.2) -> tuple["Dataset", "Dataset"]:
+        """(train, test) split.
+
+        kind="network": test = records of tasks occurring in the held-out network(s) `holdout`
+          (str or list; default: one network drawn with `seed`); train = tasks of no held-out
+          network (a task shared with a training network counts as seen, so it is removed from test
+          too -- strictly unseen kernels).
+        kind="device": test = records on device(s) `holdout` (default the last device name), train = rest.
+        kind="task": a `test_fraction` of tasks (by seed) held out.
+        kind="sample": CDMPP's default: records sorted by latency, every 5th to test (80/20).
+        """
+        r = self.records
+        n = len(r)
+        rng = np.random.default_rng(seed)
+        if kind == "network":
+            nets = sorted({k for v in r["networks"] for k, _ in v})
+            if not nets:
+                raise TensorplanError("split(kind='network'): the dataset has no network information")
+            hold = [holdout] if isinstance(holdout, str) else list(holdout or [nets[rng.integers(len(nets))]])
+            bad = [h for h in hold if h not in nets]
+            if bad:
+                raise TensorplanError(f"split: unknown network(s) {bad}; known: {nets}")
+            in_hold = np.array([any(k in hold for k, _ in v) for v in r["networks"]])
+            in_train_net = np.array([any(k not in hold for k, _ in v) for v in r["networks"]])
+            test = in_hold & ~in_train_net
+            train = ~in_hold
+            return self.subset(train), self.subset(test)
+        if kind == "device":
+            devs = sorted(r["device"].unique())
+            hold = [holdout] if isinstance(holdout, str) else list(holdout or devs[-1:])
+            test = r["device"].isin(hold).to_numpy()
+            return self.subset(~test), self.subset(test)
+        if kind == "task":
+            tks = np.array(sorted(r["task_key"].unique()))
+            k = max(1, int(round(test_fraction * len(tks))))
+            hold = set(rng.choice(tks, size=k, replace=False)) if holdout is None else set(holdout)
+            test = r["task_key"].isin(hold).to_numpy()
+            return self.subset(~test), self.subset(test)
+        if kind == "sample":
+            order = np.argsort(r["latency_s"].to_numpy(), kind="stable")
+            test = np.zeros(n, bool)
+            test[order[4::5]] = True
+            return self.subset(~test), self.subset(test)
+        raise TensorplanError(f"split: kind must be 'network', 'device', 'task' or 'sample', got {kind!r}")
+
+    # ---- ground truth
+    def network_latencies(self, max_cov: float | None = DEFAULT_MAX_COV) -> dict[tuple[str, str], float]:
+        """Measured network latency per (network, device): sum over the network's tasks of
+        call-site count x median latency of the task's fastest stable sampled program (module doc).
+        Networks with a task lacking any stable measurement on that device are left out."""
+        r = self.records
+        if max_cov is not None:
+            r = r[r["cov"] <= max_cov]
+        best = r.groupby(["task_key", "device"])["latency_s"].min().to_dict()
+        devs = sorted(r["device"].unique())
+        net_tasks: dict[str, dict[str, int]] = {}
+        for _, t in self.tasks.iterrows():
+            for net, c in t["networks"]:
+                net_tasks.setdefault(net, {})[t["task_key"]] = c
+        out = {}
+        for net, tk in net_tasks.items():
+            for d in devs:
+                if all((k, d) in best for k in tk):
+                    out[(net, d)] = float(sum(c * best[(k, d)] for k, c in tk.items()))
+        return out
+
+    def best_programs(self, max_cov: float | None = DEFAULT_MAX_COV) -> Any:
+        """record_id of the fastest stable program per (task, device)."""
+        r = self.records
+        if max_cov is not None:
+            r = r[r["cov"] <= max_cov]
+        return r.loc[r.groupby(["task_key", "device"])["latency_s"].idxmin()]
+
+    def stats(self) -> dict:
+        r = self.records
+        nets = sorted({k for v in self.tasks["networks"] for k, _ in v})
+        stable = r["cov"] <= DEFAULT_MAX_COV
+        return {
+            "path": self.path, "records": int(len(r)), "programs": int(r["prog_idx"].nunique()) if len(r) else 0,
+            "tasks_total": int(len(self.tasks)), "tasks_measured": int(r["task_key"].nunique()) if len(r) else 0,
+            "networks": nets, "n_networks": len(nets),
+            "devices": {d: int(c) for d, c in r["device"].value_counts().sort_index().items()},
+            "stable_records_cov_1pct": int(stable.sum()),
+            "stable_fraction": float(stable.mean()) if len(r) else 0.0,
+            "stable_records_cov_5pct": int((r["cov"] <= 0.05).sum()),
+            "median_cov": float(r["cov"].median()) if len(r) else 0.0,
+            "latency_s": {"min": float(r["latency_s"].min()), "median": float(r["latency_s"].median()),
+                          "max": float(r["latency_s"].max())} if len(r) else {},
+            "leaves": {"min": int(r["n_leaves"].min()), "median": float(r["n_leaves"].median()),
+                       "max": int(r["n_leaves"].max())} if len(r) else {},
+            "programs_per_task_median": float(r.groupby("task_key")["prog_idx"].nunique().median()) if len(r) else 0,
+        }
+
+
+def load_dataset(path: str | Path | None = None) -> Dataset:
+    """Load the exported dataset (default: the committed `data/cdmpp/`)."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+    d = Path(path) if path else default_data_dir()
+    need = ["records.parquet", "programs.parquet", "tasks.parquet", "features.npz", "meta.json"]
+    miss = [n for n in need if not (d / n).exists()]
+    if miss:
+        raise TensorplanError(f"dataset '{d}': missing {miss}; run `tensorplan dataset export --out {d}` "
+                              "after `tensorplan dataset collect`")
+    meta = json.loads((d / "meta.json").read_text())
+    rec = pq.read_table(d / "records.parquet").to_pandas()
+    prog = pq.read_table(d / "programs.parquet").to_pandas()
+    tasks = pq.read_table(d / "tasks.parquet").to_pandas()
+    tasks["networks"] = [sorted(json.loads(s).items()) for s in tasks["networks"]]
+    z = np.load(d / "features.npz")
+    feats, off = z["leaf_features"], z["leaf_offsets"]
+    pos = z["positions"]
+    flops = z["flops"]
+    n_prog = len(prog)
+    p_leaves = [feats[off[i]:off[i + 1]].astype(np.float32) for i in range(n_prog)]
+    p_pos = [pos[off[i]:off[i + 1]] for i in range(n_prog)]
+    pi = rec["prog_idx"].to_numpy()
+    tk = prog["task_key"].to_numpy()[pi]
+    tinfo = tasks.set_index("task_key")
+    rec.insert(0, "record_id", np.arange(len(rec), dtype=np.int64))
+    rec["prog_key"] = prog["prog_key"].to_numpy()[pi]
+    rec["task_key"] = tk
+    rec["task_name"] = tinfo.loc[tk, "task_name"].to_numpy()
+    rec["networks"] = list(tinfo.loc[tk, "networks"].to_numpy())
+    rec["flops"] = flops[pi]
+    rec["n_leaves"] = (off[1:] - off[:-1])[pi].astype(np.int32)
+    rec["trace"] = prog["trace"].to_numpy()[pi]
+    rec["repeats"] = [list(x) for x in rec["repeats"]]
+    return Dataset(rec, [p_leaves[i] for i in pi], [p_pos[i] for i in pi], tasks, meta.get("devices", {}), str(d))
+
+
+def task_module(ds: Dataset, task_key: str):
+    """The unscheduled IRModule of a task (for replaying a record's trace)."""
+    from .tasks import task_from_script
+    row = ds.tasks[ds.tasks["task_key"] == task_key]
+    if not len(row):
+        raise TensorplanError(f"dataset: unknown task {task_key}")
+    r = row.iloc[0]
+    return task_from_script(task_key, r["task_name"], r["script"], dict(r["networks"]), r["flops"]).mod
+
+
+def record_schedule(ds: Dataset, record_id: int):
+    """Replay record `record_id`'s trace: the scheduled s_tir.Schedule."""
+    r = ds.records.iloc[int(record_id)]
+    return replay_trace(task_module(ds, r["task_key"]), r["trace"])

@@ -1,0 +1,145 @@
+"""Tensor-program *tasks*: the fused kernels of the zoo networks, as TVM PrimFuncs.
+
+Why: CDMPP/TenSet learn from many schedules of many kernels of real networks.  A task is one
+fused kernel (Relax LegalizeOps -> FuseOps -> FuseTIR of the ONNX-imported network),
+deduplicated structurally across networks; each task remembers in which networks it occurs
+and how often (call sites in Relax `main`), which is the weight of its latency in a network's
+end-to-end latency (CDMPP §4.5, TVM `extract_tasks`' weight).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import TensorplanError
+
+#: Default networks for the dataset (zoo names); small/medium inputs so that 2 cores cope.
+DEFAULT_NETWORKS = ("resnet-50", "mobilenet-v2", "vgg-16", "bert-base", "vit-b16", "segformer-b0",
+                    "efficientvit-b1", "yolox-nano", "candy", "posenet", "retinaface", "yolov2",
+                    "tiny-attention", "tiny-cnn", "tiny-convnext-ish", "tiny-mlp")
+
+
+@dataclass
+class Task:
+    """One fused kernel: `mod` holds a single PrimFunc named 'main' (unscheduled)."""
+
+    key: str                       # structural hash (hex) of the PrimFunc
+    name: str                      # fused function name, e.g. 'fused_conv2d_add_relu'
+    mod: Any                       # tvm.IRModule({'main': PrimFunc})
+    networks: dict[str, int] = field(default_factory=dict)   # network -> call-site count
+    flops: float = 0.0             # TVM's estimate of the kernel's FLOPs
+
+    def script(self) -> str:
+        return self.mod.script()
+
+
+def _struct_key(func) -> str:
+    import tvm_ffi
+    h = tvm_ffi.structural_hash(func.without_attr("global_symbol"), map_free_vars=True)
+    return f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def _fuse(mod):
+    import tvm
+    from tvm import relax
+    seq = tvm.ir.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ])
+    return seq(mod)
+
+
+def _call_counts(mod) -> dict[str, int]:
+    """Number of call sites of each PrimFunc (GlobalVar name) in the Relax functions."""
+    import tvm
+    from tvm import relax
+    counts: dict[str, int] = {}
+    for gv, f in mod.functions.items():
+        if not isinstance(f, relax.Function):
+            continue
+
+        def visit(e):
+            if isinstance(e, relax.Call):
+                for a in e.args:
+                    if isinstance(a, tvm.ir.GlobalVar):
+                        counts[a.name_hint] = counts.get(a.name_hint, 0) + 1
+        relax.analysis.post_order_visit(f.body, visit)
+    return counts
+
+
+def network_tasks(onnx_path: str | Path, network: str) -> list[Task]:
+    """Import an ONNX model with TVM Relax, fuse it, and return its fused PrimFuncs as tasks."""
+    import onnx
+    import tvm
+    from tvm import tirx
+    from tvm.relax.frontend.onnx import from_onnx
+    try:
+        model = onnx.load(str(onnx_path))
+        mod = from_onnx(model, keep_params_in_input=False)
+    except Exception as e:  # noqa: BLE001 - frontend errors are many and deep
+        raise TensorplanError(f"network '{network}': TVM's ONNX frontend failed on {onnx_path}: {e}") from None
+    fused = _fuse(mod)
+    counts = _call_counts(fused)
+    out: dict[str, Task] = {}
+    for gv, f in fused.functions.items():
+        if not isinstance(f, tirx.PrimFunc):
+            continue
+        n = counts.get(gv.name_hint, 0)
+        if n == 0:
+            continue
+        func = f.with_attr("global_symbol", "main")
+        key = _struct_key(func)
+        t = out.get(key)
+        if t is None:
+            try:
+                from tvm.s_tir.analysis import estimate_tir_flops
+                fl = float(estimate_tir_flops(tvm.IRModule({"main": func})))
+            except Exception:  # noqa: BLE001
+                fl = 0.0
+            t = out[key] = Task(key=key, name=re.sub(r"\d+$", "", gv.name_hint) or gv.name_hint,
+                                mod=tvm.IRModule({"main": func}), flops=fl)
+        t.networks[network] = t.networks.get(network, 0) + n
+    return list(out.values())
+
+
+def extract_tasks(networks: Iterable[str] = DEFAULT_NETWORKS, *, opset: int = 17,
+                  progress: Any = None) -> list[Task]:
+    """Tasks of several zoo networks (or ONNX paths), merged across networks by structure."""
+    from ..graph import zoo
+    merged: dict[str, Task] = {}
+    for net in networks:
+        p = Path(net)
+        if p.suffix == ".onnx" and p.exists():
+            path, name = p, p.stem
+        else:
+            path, name = zoo.export(net, opset=opset), net
+        for t in network_tasks(path, name):
+            m = merged.get(t.key)
+            if m is None:
+                merged[t.key] = t
+            else:
+                for k, v in t.networks.items():
+                    m.networks[k] = m.networks.get(k, 0) + v
+        if progress is not None:
+            progress(name)
+    return sorted(merged.values(), key=lambda t: t.key)
+
+
+def task_from_script(key: str, name: str, script: str, networks: dict[str, int], flops: float = 0.0) -> Task:
+    """Rebuild a Task from its stored TVMScript text."""
+    import tvm
+    try:
+        mod = tvm.script.from_source(script)
+    except Exception as e:  # noqa: BLE001
+        raise TensorplanError(f"task '{name}' ({key}): stored TVMScript does not parse: {e}") from None
+    if not isinstance(mod, tvm.IRModule):
+        mod = tvm.IRModule({"main": mod})
+    return Task(key=key, name=name, mod=mod, networks=dict(networks), flops=flops)
+
+
+def script_digest(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()[:16]

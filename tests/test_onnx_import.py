@@ -1,0 +1,394 @@
+"""ONNX import: real models (onnx.helper and torch exports), folding, overrides, errors."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from tensorplan.errors import ModelImportError, TensorplanError, UnsupportedOperatorError
+from tensorplan.graph import load_model
+from tensorplan.graph.analysis import graph_flops, min_bytes, node_bytes, node_flops, param_count, roofline_ms
+from tensorplan.graph.onnx_import import import_onnx, parse_input_shapes
+from tensorplan.graph.reference import random_feeds, rel_error, run_reference
+from tensorplan.graph.to_onnx import graph_to_onnx, run_onnxruntime
+
+TOL = 1e-4
+
+
+class ViewNet(torch.nn.Module):
+    """conv -> bn -> relu -> pool -> x.view(x.shape[0], -1) -> linear -> softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        y = torch.nn.functional.max_pool2d(y, 2)
+        y = y.view(y.shape[0], -1)
+        return torch.softmax(self.fc(y), dim=-1)
+
+
+def export_torch(module, args, path: Path, opset: int, dynamic: dict | None = None) -> Path:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), args, str(path), opset_version=opset, dynamo=False,
+                          input_names=["x"], output_names=["y"], dynamic_axes=dynamic,
+                          do_constant_folding=False)
+    return path
+
+
+def make_model(nodes, inputs, outputs, inits=(), opset=17, ir=8):
+    g = helper.make_graph(nodes, "m", inputs, outputs, list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = ir
+    return m
+
+
+def vi(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+@pytest.fixture(scope="module")
+def dynamic_view_model(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("m") / "viewnet.onnx"
+    return export_torch(ViewNet(), (torch.randn(2, 3, 8, 8),), path, 13, {"x": {0: "batch"}})
+
+
+# ---------------------------------------------------------------- folding and overrides
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_torch_view_shape_chain_is_folded(tmp_path, opset):
+    torch.manual_seed(0)
+    path = export_torch(ViewNet(), (torch.randn(2, 3, 8, 8),), tmp_path / "v.onnx", opset,
+                        {"x": {0: "batch"}})
+    raw_ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert "Shape" in raw_ops  # the export really has the shape sub-graph
+    g = import_onnx(path, {"x": (3, 3, 8, 8)})
+    ops = set(g.op_counts())
+    assert not ops & {"Shape", "Gather", "Concat", "Unsqueeze", "Constant"}, ops
+    assert g.tensors["y"].shape == (3, 10)
+    reshape = next(n for n in g.nodes if n.op == "Reshape")
+    assert list(g.tensors[reshape.inputs[1]].data) == [3, -1]
+    g.validate()
+    feeds = random_feeds(g, seed=3)
+    ref = run_reference(g, feeds)["y"]
+    assert rel_error(ref, run_onnxruntime(onnx.load(str(path)), feeds)["y"]) <= TOL
+    assert rel_error(ref, run_onnxruntime(g, feeds)["y"]) <= TOL  # exported graph runs too
+
+
+def test_symbolic_dim_error_names_input_and_dim(dynamic_view_model):
+    with pytest.raises(ModelImportError) as e:
+        import_onnx(dynamic_view_model)
+    msg = str(e.value)
+    assert "'x'" in msg and "batch" in msg and "index 0" in msg and "--input-shape x=" in msg
+
+
+def test_unknown_dim_without_name_is_reported():
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [None, 4])], [vi("y", None)])
+    with pytest.raises(ModelImportError, match=r"'x'.*unknown.*index 0"):
+        import_onnx(m)
+    g = import_onnx(m, {"x": (5, 4)})
+    assert g.tensors["y"].shape == (5, 4)
+
+
+def test_override_errors_name_inputs(dynamic_view_model):
+    with pytest.raises(ModelImportError, match=r"\['nope'\].*\['x'\]"):
+        import_onnx(dynamic_view_model, {"nope": (1, 3, 8, 8)})
+    with pytest.raises(ModelImportError, match="rank 2"):
+        import_onnx(dynamic_view_model, {"x": (1, 3)})
+
+
+def test_parse_input_shapes():
+    assert parse_input_shapes(["x=1,3,224,224", "ids=1x128"]) == {"x": (1, 3, 224, 224), "ids": (1, 128)}
+    assert parse_input_shapes([]) == {}
+    assert parse_input_shapes(["s="]) == {"s": ()}
+    for bad in ["x", "x=1,a", "=1,2"]:
+        with pytest.raises(ModelImportError):
+            parse_input_shapes([bad])
+
+
+def test_constant_subgraph_folds_completely():
+    """Range/ConstantOfShape/Equal/Where/Cast/Slice chain on constants becomes one constant."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one"], ["d"], axis=0),
+        helper.make_node("Range", ["zero", "d", "one"], ["r"]),
+        helper.make_node("ConstantOfShape", ["s1"], ["ones"],
+                         value=numpy_helper.from_array(np.array([1], np.int64))),
+        helper.make_node("Equal", ["r", "ones"], ["eq"]),
+        helper.make_node("Cast", ["eq"], ["eqf"], to=TensorProto.FLOAT),
+        helper.make_node("Where", ["eq", "eqf", "r_f"], ["w"]),
+        helper.make_node("Cast", ["r"], ["r_f"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "w"], ["y"]),
+    ]
+    nodes = [nodes[i] for i in (0, 1, 2, 3, 4, 5, 7, 6, 8)]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("one", 1), ("zero", 0))]
+    inits.append(numpy_helper.from_array(np.array([5], np.int64), "s1"))
+    m = make_model(nodes, [vi("x", [2, 5])], [vi("y", [2, 5])], inits)
+    g = import_onnx(m)
+    assert [n.op for n in g.nodes] == ["Add"]
+    np.testing.assert_array_equal(g.tensors[g.nodes[0].inputs[1]].data, [0, 1, 2, 3, 4])
+    x = np.ones((2, 5), np.float32)
+    assert rel_error(run_reference(g, {"x": x})["y"], run_onnxruntime(m, {"x": x})["y"]) == 0
+
+
+def test_constant_if_is_inlined_and_dynamic_if_rejected():
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t_out"])], "then", [],
+                               [vi("t_out", [2, 3])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e_out"])], "else", [],
+                               [vi("e_out", [2, 3])])
+    cond = numpy_helper.from_array(np.array(False), "cond")
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g, name="branch")
+    m = make_model([node], [vi("x", [2, 3])], [vi("y", [2, 3])], [cond])
+    g = import_onnx(m)
+    assert "If" not in g.op_counts() and "Neg" in g.op_counts()
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(run_reference(g, {"x": x})["y"], -x)
+    m2 = make_model([node], [vi("x", [2, 3]), vi("cond", [], TensorProto.BOOL)], [vi("y", [2, 3])])
+    with pytest.raises(ModelImportError, match=r"'branch' \(If\).*constant"):
+        import_onnx(m2)
+
+
+def test_data_dependent_shape_is_rejected():
+    m = make_model([helper.make_node("Range", ["s", "lim", "d"], ["y"], name="rng")],
+                   [vi("s", [], TensorProto.INT64)], [vi("y", None, TensorProto.INT64)],
+                   [numpy_helper.from_array(np.array(9, np.int64), "lim"),
+                    numpy_helper.from_array(np.array(1, np.int64), "d")])
+    with pytest.raises(ModelImportError, match=r"'rng' \(Range\).*data-dependent"):
+        import_onnx(m)
+
+
+def test_node_names_made_unique_and_non_empty():
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="same"),
+             helper.make_node("Neg", ["a"], ["b"], name="same"),
+             helper.make_node("Abs", ["b"], ["c"], name=""),
+             helper.make_node("Exp", ["c"], ["y"])]
+    g = import_onnx(make_model(nodes, [vi("x", [3])], [vi("y", [3])]))
+    names = [n.name for n in g.nodes]
+    assert all(names) and len(set(names)) == 4 and "same" in names
+
+
+def test_attributes_become_python_values():
+    nodes = [helper.make_node("Pad", ["x", "p"], ["a"], mode="reflect"),
+             helper.make_node("Transpose", ["a"], ["b"], perm=[1, 0]),
+             helper.make_node("LeakyRelu", ["b"], ["y"], alpha=0.25)]
+    p = numpy_helper.from_array(np.array([1, 1, 1, 1], np.int64), "p")
+    g = import_onnx(make_model(nodes, [vi("x", [3, 4])], [vi("y", None)], [p]))
+    attrs = {n.op: n.attrs for n in g.nodes}
+    assert attrs["Pad"]["mode"] == "reflect" and isinstance(attrs["Pad"]["mode"], str)
+    assert attrs["Transpose"]["perm"] == [1, 0]
+    assert attrs["LeakyRelu"]["alpha"] == pytest.approx(0.25)
+    assert g.tensors["y"].shape == (6, 5)
+
+
+def test_initializers_listed_as_inputs_are_constants():
+    w = numpy_helper.from_array(np.ones((4, 2), np.float32), "w")
+    m = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                   [vi("x", [3, 4]), vi("w", [4, 2])], [vi("y", [3, 2])], [w], ir=3)
+    g = import_onnx(m)
+    assert g.inputs == ["x"] and g.tensors["w"].is_constant
+
+
+# ---------------------------------------------------------------- errors
+def test_unsupported_operators_listed_all_at_once():
+    nodes = [helper.make_node("Det", ["x"], ["d"], name="det_node"),
+             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("LpNormalization", ["r"], ["y"], name="lpn")]
+    m = make_model(nodes, [vi("x", [2, 3, 3])], [vi("d", [2]), vi("y", [2, 3, 3])])
+    with pytest.raises(UnsupportedOperatorError) as e:
+        import_onnx(m)
+    assert {op for _, op in e.value.ops} == {"Det", "LpNormalization"}
+    assert "det_node" in str(e.value) and "lpn" in str(e.value)
+    g = import_onnx(m, allow_unsupported=True)  # inspect mode keeps them
+    assert {"Det", "LpNormalization"} <= set(g.op_counts())
+
+
+def test_non_default_domain_rejected():
+    node = helper.make_node("FusedGemm", ["x", "x"], ["y"], domain="com.microsoft", name="fg")
+    m = make_model([node], [vi("x", [2, 2])], [vi("y", [2, 2])])
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(ModelImportError, match=r"com\.microsoft.*'fg'|'fg'.*com\.microsoft"):
+        import_onnx(m)
+
+
+@pytest.mark.parametrize("opset", [9, 10, 22])
+def test_opset_out_of_range(opset):
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])],
+                   opset=opset)
+    with pytest.raises(ModelImportError, match=f"opset {opset} .*11..21"):
+        import_onnx(m)
+
+
+def test_truncated_and_non_onnx_files_name_the_file(dynamic_view_model, tmp_path):
+    data = dynamic_view_model.read_bytes()
+    trunc = tmp_path / "trunc.onnx"
+    trunc.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ModelImportError, match="trunc.onnx"):
+        import_onnx(trunc, {"x": (1, 3, 8, 8)})
+    text = tmp_path / "notes.onnx"
+    text.write_text("this is not a model\n" * 10)
+    with pytest.raises(ModelImportError, match="notes.onnx"):
+        import_onnx(text)
+    with pytest.raises(ModelImportError, match="missing.onnx: no such file"):
+        import_onnx(tmp_path / "missing.onnx")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelImportError, match="empty.onnx"):
+        import_onnx(empty)
+
+
+def test_missing_external_data_names_the_file(tmp_path):
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "w")
+    m = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", [2, 64])],
+                   [vi("y", [2, 64])], [w])
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, location="ext_weights.bin",
+                    size_threshold=0)
+    g = import_onnx(path)  # present: loads fine
+    assert g.tensors["w"].data.shape == (64, 64)
+    (tmp_path / "ext_weights.bin").unlink()
+    with pytest.raises(ModelImportError, match="ext_weights.bin"):
+        import_onnx(path)
+
+
+def test_undefined_tensor_named():
+    m = make_model([helper.make_node("Add", ["x", "ghost"], ["y"], name="adder")],
+                   [vi("x", [2])], [vi("y", [2])])
+    with pytest.raises(ModelImportError, match=r"'adder'.*'ghost'"):
+        import_onnx(m)
+
+
+def test_all_errors_are_tensorplan_errors():
+    assert issubclass(UnsupportedOperatorError, TensorplanError)
+    with pytest.raises(TensorplanError):
+        import_onnx(onnx.ModelProto())
+
+
+# ---------------------------------------------------------------- analysis + load_model
+def test_analysis_counts_on_viewnet(tmp_path):
+    torch.manual_seed(0)
+    path = export_torch(ViewNet(), (torch.randn(1, 3, 8, 8),), tmp_path / "v.onnx", 17)
+    g = load_model(str(path))
+    conv = next(n for n in g.nodes if n.op == "Conv")
+    # 2 * N*Cout*H*W * Cin*kh*kw + bias
+    assert node_flops(g, conv) == 2 * 8 * 8 * 8 * 3 * 9 + 8 * 8 * 8
+    gemm = next(n for n in g.nodes if n.op == "Gemm")
+    assert node_flops(g, gemm) == 2 * 10 * 128 + 10
+    assert node_bytes(g, conv) == 4 * (3 * 64 + 8 * 27 + 8 + 8 * 64)
+    assert graph_flops(g) >= node_flops(g, conv) + node_flops(g, gemm)
+    assert param_count(g) == sum(p.numel() for p in ViewNet().parameters()) + 16  # + BN stats
+    assert min_bytes(g) == 4 * (param_count(g) + 3 * 64 + 10) + 16  # + int64 reshape target
+    assert roofline_ms(2e9, 1e6, 100, 10) == pytest.approx(20.0)
+    assert roofline_ms(1e6, 1e9, 100, 10) == pytest.approx(100.0)
+
+
+def test_load_model_errors(tmp_path):
+    with pytest.raises(ModelImportError, match="no such file"):
+        load_model(str(tmp_path / "none.onnx"))
+    with pytest.raises(TensorplanError, match="zoo"):
+        load_model("definitely-not-a-model")
+
+
+# ---------------------------------------------------------------- zoo tiny models vs ORT
+def _zoo():
+    return pytest.importorskip("tensorplan.graph.zoo")
+
+
+def _tiny_names():
+    try:
+        from tensorplan.graph import zoo
+    except ImportError:
+        return ["tiny-cnn"]
+    return [e.name for e in zoo.list_models(tag="tiny")]
+
+
+@pytest.mark.parametrize("opset", [17, 11])
+@pytest.mark.parametrize("name", _tiny_names())
+def test_zoo_tiny_models_match_onnxruntime(name, opset):
+    zoo = _zoo()
+    path = zoo.export(name, opset)
+    g = load_model(name, opset=opset)
+    assert g.opset == opset
+    g.validate()
+    feeds = random_feeds(g, seed=0)
+    ref = run_reference(g, feeds)
+    ort = run_onnxruntime(onnx.load(str(path)), feeds)
+    for o in g.outputs:
+        assert rel_error(ref[o], ort[o]) <= TOL, (name, o)
+    # and the graph exported back to ONNX runs in ORT with the same result
+    back = run_onnxruntime(graph_to_onnx(g), feeds)
+    for o in g.outputs:
+        assert rel_error(back[o], ort[o]) <= TOL
+
+
+def test_zoo_subgraph_exports_and_runs():
+    _zoo()
+    g = load_model("tiny-cnn")
+    names = [n.name for n in g.nodes[1:4]]
+    sub = g.subgraph(names)
+    feeds = random_feeds(sub, seed=1)
+    ref = run_reference(sub, feeds)
+    ort = run_onnxruntime(sub, feeds)
+    for o in sub.outputs:
+        assert rel_error(ref[o], ort[o]) <= TOL
+
+
+def test_loop_is_rejected_clearly():
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["v_in", "v_in"], ["v_out"])],
+        "body", [vi("i", [], TensorProto.INT64), vi("cond_in", [], TensorProto.BOOL), vi("v_in", [2])],
+        [vi("cond_out", [], TensorProto.BOOL), vi("v_out", [2])])
+    node = helper.make_node("Loop", ["n", "", "x"], ["y"], body=body, name="the_loop")
+    m = make_model([node], [vi("x", [2]), vi("n", [], TensorProto.INT64)], [vi("y", [2])])
+    with pytest.raises(ModelImportError, match=r"'the_loop' \(Loop\)"):
+        import_onnx(m)
+
+
+def test_constant_and_passthrough_outputs():
+    c = numpy_helper.from_array(np.arange(3, dtype=np.float32), "c")
+    m = make_model([helper.make_node("Neg", ["c"], ["k"]), helper.make_node("Relu", ["x"], ["y"])],
+                   [vi("x", [3])], [vi("k", [3]), vi("y", [3]), vi("x", [3])], [c])
+    g = import_onnx(m)
+    assert g.outputs == ["k", "y", "x"] and g.tensors["k"].is_constant
+    x = np.ones(3, np.float32)
+    ref, ort = run_reference(g, {"x": x}), run_onnxruntime(g, {"x": x})
+    for o in g.outputs:
+        np.testing.assert_array_equal(ref[o], ort[o])
+
+
+def test_graph_to_onnx_handles_hand_built_primitive_graphs():
+    """Attributes as loose python values and opset-agnostic forms still export validly."""
+    from tensorplan.graph.ir import Graph, Node, Tensor
+
+    g = Graph("prim", opset=18)
+    g.add_tensor(Tensor("x", (2, 6)))
+    g.inputs = ["x"]
+    g.add_node(Node("lr", "LeakyRelu", ["x"], ["a"], {"alpha": 1}))  # int for a float attr
+    g.add_node(Node("rs", "ReduceSum", ["a"], ["s"], {"axes": [1], "keepdims": 1}))  # attr form
+    g.add_node(Node("sp", "Split", ["a"], ["p", "q"], {"axis": 1}))  # no sizes at opset 18
+    g.add_node(Node("tr", "Transpose", ["p"], ["t"], {"perm": (1, 0)}))
+    g.add_node(Node("pad", "Pad", ["q", "pads"], ["z"], {"mode": "constant"}))
+    g.add_tensor(Tensor("pads", (4,), "int64", np.array([0, 1, 0, 1], np.int64)))
+    for name, shape in {"a": (2, 6), "s": (2, 1), "p": (2, 3), "q": (2, 3), "t": (3, 2), "z": (2, 5)}.items():
+        g.add_tensor(Tensor(name, shape))
+    g.outputs = ["s", "t", "z"]
+    g.validate()
+    model = graph_to_onnx(g)
+    onnx.checker.check_model(model, full_check=True)
+    x = np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32)
+    ref, ort = run_reference(g, {"x": x}), run_onnxruntime(model, {"x": x})
+    for o in g.outputs:
+        assert rel_error(ref[o], ort[o]) <= TOL
+    back = import_onnx(model)  # and it imports again
+    assert back.op_counts() == g.op_counts()
