@@ -31,6 +31,7 @@ def main() -> None:
     threads = [t for t in (int(x) for x in a.threads.split(",")) if t <= info["threads"]]
     rounds: list[dict] = []
     t_start = time.time()
+    load_start = os.getloadavg()
     with Progress() as prog:
         task = prog.add_task("measuring", total=a.rounds * len(threads) * 2)
         for r in range(a.rounds):
@@ -60,7 +61,7 @@ def main() -> None:
     machine = {k: info[k] for k in ("model", "vendor", "cores", "threads", "clock_ghz", "l1_kb", "l2_kb", "l3_kb",
                                      "isa", "mem_gb")}
     machine.update(platform=platform.platform(), python=sys.version.split()[0],
-                   load_avg_at_start=os.getloadavg(), note="shared 2-core VM; other jobs may run at the same time")
+                   load_avg_at_start=load_start, note="shared 2-core VM; other jobs may run at the same time")
     machine["load_avg_at_end"] = os.getloadavg()
     res = {"machine": machine, "command": " ".join(["python"] + sys.argv), "rounds": a.rounds,
            "seconds": round(time.time() - t_start, 1),

@@ -28,7 +28,7 @@ def machine_info() -> dict:
     info = cpu_info()
     return {"cpu": info["model"], "cores": info["cores"], "threads": info["threads"], "mem_gb": info["mem_gb"],
             "platform": platform.platform(), "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version,
-            "note": "shared 2-core VM; other jobs may run at the same time"}
+            "load_avg": os.getloadavg(), "note": "shared 2-core VM; other jobs may run at the same time"}
 
 
 def run(records: int, batch: int, reps: int) -> dict:

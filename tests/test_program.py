@@ -62,7 +62,7 @@ def check(g: Graph, feeds: dict[str, np.ndarray], tol: float = 1e-5, schedule=No
     if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
         assert np.array_equal(out, ref)
         return 0.0
-    err = rel_error(out, ref)
+    err = rel_error(np.atleast_1d(out), np.atleast_1d(ref))  # (rel_error breaks on 0-d arrays)
     assert err <= tol, f"{g.nodes[-1].op}: rel err {err:.2e} > {tol:.0e}"
     return err
 
@@ -180,7 +180,7 @@ def test_reduce(op, axes, keep):
         else:
             attrs["axes"] = axes
     g, feeds = build([(op, ins, ["y"], attrs)], {"x": x}, consts, opset=17)
-    check(g, feeds, tol=2e-6)
+    check(g, feeds, tol=2e-5)  # sums of mixed-sign values lose relative precision
 
 
 def test_global_pools():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tensorplan.errors import TensorplanError
-from tensorplan.measure.timer import Timing, is_stable, measure, pinned_threads
+from tensorplan.measure.timer import Timing, is_stable, measure, measure_stable, pinned_threads
 
 
 def test_measures_sleep_with_median():
@@ -149,3 +149,18 @@ def test_pinned_threads_configures_tvm_runtime_pool():
     assert r.returncode == 0, r.stderr[-2000:]
     start, inside, after, reported = map(int, r.stdout.split()[-4:])
     assert (start, inside, after, reported) == (2, 1, 2, 1)
+
+
+def test_measure_stable_flags_noisy_work():
+    state = {"i": 0}
+
+    def alternate():
+        state["i"] += 1
+        time.sleep(0.001 if state["i"] % 2 else 0.006)
+
+    t = measure_stable(alternate, max_cov=0.1, attempts=2, warmup=0, min_repeats=6, max_repeats=6, budget_s=0)
+    assert t.extra["unstable"] and t.extra["attempts"] == 2 and "re-measured" in t.method
+    calls = []
+    t = measure_stable(lambda: calls.append(1), max_cov=1e9, attempts=3, warmup=0, min_repeats=3, max_repeats=3,
+                       budget_s=0)
+    assert t.extra == {"attempts": 1, "unstable": False, "max_cov": 1e9} and len(calls) == 3

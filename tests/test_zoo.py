@@ -3,6 +3,7 @@ static shapes and matches PyTorch eager in ONNX Runtime; a fast subset of the bi
 does the same at opset 17; the cache is atomic, keyed and deterministic."""
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -18,6 +19,12 @@ TINY = [e.name for e in zoo.list_models(tag="test")]
 # Big models that export and run in a few seconds on 2 cores (the rest: bench/zoo_export.py).
 FAST_BIG = ["candy", "mobilenet-v2", "retinaface", "yolox-nano", "segformer-b0"]
 LINEAR = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+
+
+@functools.lru_cache(maxsize=None)
+def _exported(name: str, opset: int) -> onnx.ModelProto:
+    """One export per (model, opset) per test process; tests must not mutate the result."""
+    return zoo.onnx_model(name, opset)
 
 
 def _ort_vs_torch(name: str, model: onnx.ModelProto) -> None:
@@ -70,7 +77,7 @@ def _linear_flops(model: onnx.ModelProto) -> int:
 @pytest.mark.parametrize("opset", [11, 17])
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_exports_check_and_match_torch(name, opset):
-    model = zoo.onnx_model(name, opset)
+    model = _exported(name, opset)
     assert model.opset_import[0].version == opset
     onnx.checker.check_model(model, full_check=True)
     _assert_static(model)
@@ -80,7 +87,7 @@ def test_tiny_exports_check_and_match_torch(name, opset):
 def test_tiny_set_covers_the_common_operators():
     ops = set()
     for name in TINY:
-        ops |= {n.op_type for n in zoo.onnx_model(name, 17).graph.node}
+        ops |= {n.op_type for n in _exported(name, 17).graph.node}
     assert {"Conv", "Gemm", "MatMul", "Relu", "MaxPool", "Softmax", "LayerNormalization", "Erf",
             "InstanceNormalization", "Pad", "Resize", "Concat", "Transpose", "Reshape", "HardSwish",
             "Sigmoid"} <= ops
@@ -88,8 +95,8 @@ def test_tiny_set_covers_the_common_operators():
 
 @pytest.mark.parametrize("name", ["tiny-attention", "tiny-convnext-ish"])
 def test_layernorm_decomposed_at_opset11_only(name):
-    ops11 = {n.op_type for n in zoo.onnx_model(name, 11).graph.node}
-    ops17 = {n.op_type for n in zoo.onnx_model(name, 17).graph.node}
+    ops11 = {n.op_type for n in _exported(name, 11).graph.node}
+    ops17 = {n.op_type for n in _exported(name, 17).graph.node}
     assert "LayerNormalization" not in ops11 and {"ReduceMean", "Sqrt", "Pow"} <= ops11
     assert "LayerNormalization" in ops17
 
@@ -105,7 +112,7 @@ def test_other_opsets_are_honest(opset):
 
 @pytest.mark.parametrize("name", FAST_BIG)
 def test_big_model_opset17(name):
-    model = zoo.onnx_model(name, 17)
+    model = _exported(name, 17)
     _assert_static(model)
     _ort_vs_torch(name, model)
     if "transformer" in zoo.get_entry(name).tags:
@@ -124,7 +131,7 @@ def test_param_counts_match_baseline_table(name):
 
 @pytest.mark.parametrize("name", ["candy", "mobilenet-v2", "yolox-nano"])
 def test_flops_match_baseline_table(name):
-    assert _linear_flops(zoo.onnx_model(name, 17)) / 1e9 == pytest.approx(BASELINE[name][1], rel=0.015)
+    assert _linear_flops(_exported(name, 17)) / 1e9 == pytest.approx(BASELINE[name][1], rel=0.015)
 
 
 def test_registry_and_errors():

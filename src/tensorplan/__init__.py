@@ -1,8 +1,41 @@
 """tensorplan: predict tensor-program latency, orchestrate fused kernels, co-execute.
 
-`import tensorplan as tp`; every CLI command is one call in this API.
+`import tensorplan as tp`; every CLI command is one call in this API. Heavy modules
+(TVM, torch) load lazily on first use, so `import tensorplan` stays cheap.
 """
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
 
-from .errors import TensorplanError  # noqa: F401
-from .graph import Graph, Node, Tensor  # noqa: F401
+from .errors import TensorplanError  # noqa: E402,F401
+from .graph import Graph, Node, Tensor  # noqa: E402,F401
+
+# public name -> (module, attribute)
+_LAZY = {
+    "load_model": ("tensorplan.graph.load", "load_model"),
+    "import_onnx": ("tensorplan.graph.onnx_import", "import_onnx"),
+    "run_reference": ("tensorplan.graph.reference", "run_reference"),
+    "zoo": ("tensorplan.graph.zoo", None),
+    "fission": ("tensorplan.graph.fission", "fission"),
+    "resolve_device": ("tensorplan.devices", "resolve"),
+    "measure": ("tensorplan.measure.timer", "measure"),
+    "Store": ("tensorplan.measure.store", "Store"),
+    "orchestrate": ("tensorplan.plan.orchestrate", "orchestrate"),
+    "Plan": ("tensorplan.plan.plan", "Plan"),
+    "run_plan": ("tensorplan.runtime.executor", "run_plan"),
+    "run_demo": ("tensorplan.workflows.demo", "run_demo"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tensorplan' has no attribute {name!r}")
+    mod_name, attr = _LAZY[name]
+    mod = importlib.import_module(mod_name)
+    return mod if attr is None else getattr(mod, attr)
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

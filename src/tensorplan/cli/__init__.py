@@ -19,6 +19,8 @@ err_console = Console(stderr=True)
 
 # Each module defines `register(app: typer.Typer)`; add yours here (one line).
 _COMMAND_MODULES = (
+    "dataset",
+    "predict",
     "zoo",
     "devices",
     "store",

@@ -1120,6 +1120,8 @@ def _resize(node, x):
     extrap = float(s("extrapolation_value", 0.0))
     axes = s("axes", None)
     policy = s("keep_aspect_ratio_policy", "stretch")
+    if int(s("antialias", 0)):
+        raise TensorplanError(f"node '{node.name}' (Resize): antialias=1 is not supported")
     r = v.ndim
     axes = [a % r for a in _ints(axes)] if axes is not None else list(range(r))
     full_scales = [1.0] * r

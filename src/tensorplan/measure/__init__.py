@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .store import SCHEMA_VERSION, Job, Store, canonical_json, content_key
-from .timer import Timing, is_stable, measure, pinned_threads
+from .timer import Timing, is_stable, measure, measure_stable, pinned_threads
 
-__all__ = ["Timing", "measure", "pinned_threads", "is_stable", "Store", "Job", "SCHEMA_VERSION",
+__all__ = ["Timing", "measure", "measure_stable", "pinned_threads", "is_stable", "Store", "Job", "SCHEMA_VERSION",
            "canonical_json", "content_key"]

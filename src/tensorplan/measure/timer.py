@@ -208,6 +208,22 @@ def measure(fn: Callable[[], Any], *, warmup: int = 3, min_repeats: int = 5, max
     return Timing.from_repeats(reps, warmup=warmup, method=method, number=number, threads=threads)
 
 
+def measure_stable(fn: Callable[[], Any], *, max_cov: float = 0.1, attempts: int = 3, **kw: Any) -> Timing:
+    """`measure` again (up to `attempts` times) while the CoV exceeds `max_cov`; keep the attempt with the
+    lowest CoV and flag it (`extra['unstable'] = True`) if none was stable, as the design asks of records."""
+    best: Timing | None = None
+    for i in range(max(1, attempts)):
+        t = measure(fn, **kw)
+        if best is None or t.cov < best.cov:
+            best = t
+        if is_stable(t, max_cov):
+            break
+    assert best is not None
+    best.extra.update(attempts=i + 1, unstable=not is_stable(best, max_cov), max_cov=max_cov)
+    best.method += f"; re-measured while CoV > {max_cov:g} (attempt {i + 1} of <= {attempts}, lowest CoV kept)"
+    return best
+
+
 def _calibrate(fn: Callable[[], Any], sync: Callable[[], Any] | None, min_repeat_s: float) -> int:
     """Smallest power of two of calls that lasts >= min_repeat_s (capped at 2**16)."""
     number = 1

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import TensorplanError
 from .cdmpp import (LEAF_DIM, Estimator, FeatureScaler, ProgramArrays, _labelled, as_arrays,
-                    register)
+                    register, torch_threads)
 
 # Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; slot field 4 is
 # unique_bytes (after the 3-way acc_type one-hot and `bytes`). Values are slog-scaled.
@@ -70,8 +70,7 @@ class TenSetXGB(Estimator):
         p = {"max_depth": self.max_depth, "gamma": self.gamma, "min_child_weight": self.min_child_weight,
              "eta": self.eta, "objective": "reg:squarederror", "verbosity": 0, "seed": self.seed,
              "tree_method": "hist"}
-        if self.threads:
-            p["nthread"] = self.threads
+        p["nthread"] = self.threads or 1  # see cdmpp.torch_threads: spinning workers on a shared 2-core box
         return p
 
     def fit(self, train, val=None, target=None):
@@ -126,10 +125,12 @@ class _TorchRegressor(Estimator):
         """Fit input normalisers on the training data."""
 
     def fit(self, train, val=None, target=None):
+        with torch_threads(self.threads):
+            return self._fit(train, val)
+
+    def _fit(self, train, val):
         import torch
 
-        if self.threads:
-            torch.set_num_threads(self.threads)
         torch.manual_seed(self.seed)
         tr = as_arrays(train)
         y = _labelled(tr, f"{self.name}.fit")
@@ -176,7 +177,7 @@ class _TorchRegressor(Estimator):
         self.net.eval()
         out = np.empty(len(arr), np.float64)
         order = np.argsort(arr.n_leaves, kind="stable")
-        with torch.inference_mode():
+        with torch.inference_mode(), torch_threads(self.threads):
             for s in range(0, len(arr), batch):
                 idx = order[s:s + batch]
                 out[idx] = self.net(*self._inputs(arr, idx)).numpy()

@@ -202,6 +202,32 @@ def as_arrays(data: Any) -> ProgramArrays:
     return arr
 
 
+class torch_threads:
+    """Run torch with `n` intra-op threads inside the block, then restore the previous count.
+
+    Default 1: on this shared 2-core machine, 2 torch threads under contention made a training step
+    20-40x slower (spinning OpenMP workers), 1 thread stays fast; small models gain little from 2.
+    """
+
+    def __init__(self, n: int | None):
+        self.n = n or 1
+
+    def __enter__(self):
+        import torch
+
+        self.prev = torch.get_num_threads()
+        if self.prev != self.n:
+            torch.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        if torch.get_num_threads() != self.prev:
+            torch.set_num_threads(self.prev)
+        return False
+
+
 # --------------------------------------------------------------------------------------------
 # Metrics (used by every model and the harness)
 # --------------------------------------------------------------------------------------------
@@ -556,18 +582,15 @@ class CDMPP(Estimator):
             return self.w_mse * mse + self.w_mape * mape
         return self.w_mse * mse
 
-    def _torch_threads(self):
-        import torch
-
-        if self.threads:
-            torch.set_num_threads(self.threads)
-
     # ---------------------------------------------------------------- fit
     def fit(self, train, val=None, target=None) -> "CDMPP":
         """Fit normalisers on `train`, then train; `target` (unlabelled) enables CMD."""
+        with torch_threads(self.threads):
+            return self._fit(train, val, target)
+
+    def _fit(self, train, val, target) -> "CDMPP":
         import torch
 
-        self._torch_threads()
         t0 = time.perf_counter()
         tr = as_arrays(train)
         y = _labelled(tr, "cdmpp.fit")
@@ -592,7 +615,6 @@ class CDMPP(Estimator):
         `target` (unlabelled programs of the new domain) keeps CMD pulling the rest of the domain
         along; `base` is accepted for interface symmetry and unused.
         """
-        self._torch_threads()
         if self.net is None:
             raise TensorplanError("cdmpp.finetune: the model is not trained (fit or load it first)")
         ft = as_arrays(data)
@@ -600,9 +622,10 @@ class CDMPP(Estimator):
         self._check_dev(ft)
         steps = steps or self.finetune_steps
         bs = min(self.batch_size, len(ft))
-        self._train_loop(ft, val=None, target=as_arrays(target) if target is not None else None,
-                         lr=self.finetune_lr, total_steps=steps, cycle_steps=max(2, steps // 2),
-                         max_time_s=None, eval_every=None, batch_size=bs)
+        with torch_threads(self.threads):
+            self._train_loop(ft, val=None, target=as_arrays(target) if target is not None else None,
+                             lr=self.finetune_lr, total_steps=steps, cycle_steps=max(2, steps // 2),
+                             max_time_s=None, eval_every=None, batch_size=bs)
         return self
 
     def _train_loop(self, tr: ProgramArrays, val, target, lr, total_steps, cycle_steps, max_time_s,
@@ -647,7 +670,7 @@ class CDMPP(Estimator):
             sched.step()
             step += 1
             if eval_every and (step % eval_every == 0 or step == total_steps):
-                rec = {"step": step, "loss": float(loss), "cmd": dval, "time_s": time.perf_counter() - t0}
+                rec = {"step": step, "loss": float(loss.detach()), "cmd": dval, "time_s": time.perf_counter() - t0}
                 if val is not None and len(val):
                     vm = regression_metrics(self.predict(val), val.latency_s)["mape_pct"]
                     rec["val_mape_pct"] = vm
@@ -684,7 +707,7 @@ class CDMPP(Estimator):
         n = len(arr)
         order = np.argsort(arr.n_leaves, kind="stable")  # similar lengths share a batch: less padding
         out = np.empty((n, self.hidden) if want_embedding else n, np.float32)
-        with torch.inference_mode():
+        with torch.inference_mode(), torch_threads(self.threads):
             for s in range(0, n, batch):
                 idx = order[s:s + batch]
                 pred, r = self.net(*self._tensors(arr, idx))
@@ -751,3 +774,104 @@ class CDMPPCost:
         arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts],
                                           device=self.device)
         return self.model.predict(arr)
+
+
+# --------------------------------------------------------------------------------------------
+# Python API behind the CLI
+# --------------------------------------------------------------------------------------------
+
+def resolve_domain(device: str) -> str:
+    """'local' means this CPU with all its threads: the `local-<n>t` domain the model knows."""
+    if device == "local":
+        import os
+
+        return f"local-{min(os.cpu_count() or 1, 2)}t"
+    return device
+
+
+def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | None = None,
+          max_cov: float = 0.01, log=None, **params) -> tuple[CDMPP, dict]:
+    """Train CDMPP on every stable record of `devices` (default: all) of a dataset; save to `out`."""
+    from .dataset import load_dataset
+
+    ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
+    ds = ds.filter_stable(max_cov=max_cov)
+    if devices:
+        ds = ds.subset(ds.records["device"].isin(list(devices)).to_numpy())
+    if len(ds) == 0:
+        raise TensorplanError(f"train: no stable records for devices {devices or 'any'} in '{ds.path}'")
+    arr = as_arrays(ds)
+    rng = np.random.default_rng(params.get("seed", 0))
+    val_m = rng.random(len(arr)) < 0.05
+    model = CDMPP(**params)
+    model.fit(arr.subset(np.flatnonzero(~val_m)), val=arr.subset(np.flatnonzero(val_m)))
+    val = arr.subset(np.flatnonzero(val_m))
+    info = {"records": len(arr), "devices": sorted(set(arr.device_name)), "train_time_s": model.train_time_s,
+            "val": regression_metrics(model.predict(val), val.latency_s), "epochs_run": len(model.history)}
+    if out is not None:
+        p = model.save(out)
+        info["path"] = str(p)
+        info["size_mb"] = p.stat().st_size / 1e6
+    return model, info
+
+
+def default_task_schedule(task, target=None, tries: int = 8):
+    """A deterministic schedule for a task: meta-schedule design-space sample 0 (same sampler as the
+    dataset, so the program looks like the training data); the unscheduled function if none applies."""
+    import tvm
+
+    from .dataset import _TaskState, sample_schedule
+
+    target = target or tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    try:
+        st = _TaskState(task, target)
+        for i in range(tries if st.spaces else 0):
+            r = sample_schedule(st, i)
+            if r is not None:
+                return r[0].mod, f"meta-schedule sample {i}"
+    except Exception:  # noqa: BLE001 - fall back to the plain loop nest
+        pass
+    return task.mod, "unscheduled"
+
+
+def predict_network(model: str, device: str = "local", weights: str | Path | None = None,
+                    log=None) -> dict:
+    """MODEL (ONNX path or zoo name) -> fused tasks -> default schedule -> features -> latency."""
+    from ..graph import zoo
+    from .features import compact_ast
+    from .tasks import network_tasks
+
+    est = load_shipped() if weights is None else load_estimator(weights)
+    dom = resolve_domain(device)
+    p = Path(model)
+    if p.suffix == ".onnx":
+        if not p.exists():
+            raise TensorplanError(f"model file '{p}' does not exist")
+        path, name = p, p.stem
+    else:
+        path, name = zoo.export(model), model
+    t0 = time.perf_counter()
+    tasks = network_tasks(path, name)
+    if not tasks:
+        raise TensorplanError(f"model '{model}': no fused kernels found")
+    asts, how = [], []
+    for t in tasks:
+        mod, h = default_task_schedule(t)
+        asts.append(compact_ast(mod))
+        how.append(h)
+        if log:
+            log(f"{t.name}: {h}, {asts[-1].n_leaves} leaves")
+    t1 = time.perf_counter()
+    arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
+                                      task_key=[t.key for t in tasks])
+    pred = est.predict(arr)
+    t2 = time.perf_counter()
+    kernels = []
+    for t, a, h, s in zip(tasks, asts, how, pred):
+        c = int(t.networks.get(name, 1))
+        kernels.append({"task": t.name, "key": t.key, "calls": c, "flops": float(t.flops), "leaves": a.n_leaves,
+                        "schedule": h, "predicted_us": 1e6 * float(s), "total_us": 1e6 * float(s) * c})
+    total = sum(k["total_us"] for k in kernels)
+    return {"model": name, "device": device, "domain": dom, "predictor": type(est).__name__,
+            "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
+            "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1}

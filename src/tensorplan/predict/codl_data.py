@@ -292,23 +292,32 @@ def put_sync(store, timings: Sequence[float]) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def samples_from_store(store, max_cov: float | None = None) -> list[KernelSample]:
+def _spread(repeats: Sequence[float]) -> float:
+    s = sorted(repeats)
+    return s[1] / s[0] - 1.0 if len(s) > 1 and s[0] > 0 else 1.0
+
+
+def samples_from_store(store, stat: str = "min") -> list[KernelSample]:
+    """Measured parts as samples. `stat="min"`: on a shared machine interference only adds
+    time, so the fastest repeat is the reproducible estimate (its `spread` to the 2nd
+    fastest says how well it is pinned down); "median" is the timer's default."""
     out = []
     for r in store.measurements(kind=OP_KIND):
         p = r["payload"]
         ex = r.get("extra") or {}
-        if max_cov is not None and r["cov"] > max_cov:
-            continue
-        out.append(KernelSample(OpShape.from_dict(p["op"]), p["proc"], float(r["median_s"]), float(r["cov"]),
-                                ex.get("model", ""), ex.get("dim", ""), float(ex.get("ratio", 1.0))))
+        lat = float(r["min_s"] if stat == "min" else r["median_s"])
+        out.append(KernelSample(OpShape.from_dict(p["op"]), p["proc"], lat, float(r["cov"]),
+                                _spread(r.get("repeats") or []), ex.get("model", ""), ex.get("dim", ""),
+                                float(ex.get("ratio", 1.0))))
     return out
 
 
-def sharing_rows_from_store(store) -> list[dict]:
+def sharing_rows_from_store(store, stat: str = "min") -> list[dict]:
     rows = []
     for r in store.measurements(kind=SHARE_KIND):
         rows.append({"term": r["payload"]["term"], "bytes": int((r.get("extra") or {}).get("bytes", 0)),
-                     "latency_s": float(r["median_s"])})
+                     "latency_s": float(r["min_s"] if stat == "min" and r["payload"]["term"] != "sync"
+                                        else r["median_s"])})
     return rows
 
 
@@ -325,11 +334,11 @@ def export_compact(samples: Sequence[KernelSample], sharing: Sequence[dict], out
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(_OP_COLS + ["proc", "latency_us", "cov", "model", "dim", "ratio"])
+    w.writerow(_OP_COLS + ["proc", "latency_us", "cov", "spread", "model", "dim", "ratio"])
     for s in samples:
         d = s.op.to_dict()
-        w.writerow([d[c] for c in _OP_COLS] + [s.proc, f"{s.latency_s * 1e6:.2f}", f"{s.cov:.4f}", s.model,
-                                              s.dim, f"{s.ratio:.1f}"])
+        w.writerow([d[c] for c in _OP_COLS] + [s.proc, f"{s.latency_s * 1e6:.2f}", f"{s.cov:.4f}",
+                                              f"{s.spread:.4f}", s.model, s.dim, f"{s.ratio:.1f}"])
     p_ops = out / "ops.csv.gz"
     p_ops.write_bytes(gzip.compress(buf.getvalue().encode(), mtime=0))
     buf = io.StringIO()
@@ -352,7 +361,7 @@ def load_compact(data_dir: str | Path) -> tuple[list[KernelSample], list[dict]]:
     for row in csv.DictReader(io.StringIO(gzip.decompress(p_ops.read_bytes()).decode())):
         op = OpShape(row["kind"], *(int(row[c]) for c in _OP_COLS[1:11]), pool=row["pool"], g=int(row["g"]))
         samples.append(KernelSample(op, row["proc"], float(row["latency_us"]) * 1e-6, float(row["cov"]),
-                                    row["model"], row["dim"], float(row["ratio"])))
+                                    float(row["spread"]), row["model"], row["dim"], float(row["ratio"])))
     sharing = []
     if p_sh.exists():
         for row in csv.DictReader(io.StringIO(gzip.decompress(p_sh.read_bytes()).decode())):

@@ -142,7 +142,7 @@ def _time_lib(lib, args, threads: Sequence[int], *, min_repeat_s: float, max_ker
     """Time one compiled kernel at each thread count with TVM's time_evaluator.
 
     One untimed call per thread count (warm-up), `number` calls per repeat so that a repeat
-    lasts >= min_repeat_s (µs kernels need number > 1), 3-`repeats` repeats.
+    lasts >= min_repeat_s (µs kernels need number > 1), `repeats` repeats (3 for kernels > 20 ms).
     """
     import tvm
     from ..measure.timer import Timing, _tvm_threadpool
@@ -164,6 +164,8 @@ def _time_lib(lib, args, threads: Sequence[int], *, min_repeat_s: float, max_ker
     out: dict[int, Any] = {}
     for t in threads:
         cfg(1, t)
+        if int(num()) != t:
+            raise TensorplanError(f"collect: could not set TVM's pool to {t} thread(s) (has {int(num())})")
         f(*args)
         ev = lib.time_evaluator("main", dev, number=number, repeat=rep)
         res = ev(*args)
@@ -243,7 +245,7 @@ def get_tasks(store, networks: Sequence[str], log: Callable[[str], None] = print
 
 def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 64,
             threads: Sequence[int] = (1, 2), store: Any = None, budget_minutes: float | None = None,
-            batch: int = 4, min_repeat_s: float = 2e-3, repeats: int = 5, max_kernel_s: float = 0.5,
+            batch: int = 4, min_repeat_s: float = 1e-3, repeats: int = 10, max_kernel_s: float = 0.2,
             max_task_flops: float | None = None, progress: bool = True,
             log: Callable[[str], None] | None = None) -> CollectStats:
     """Sample, compile and time programs for every task of `networks`; resumable.
@@ -251,14 +253,23 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     Round-robin over tasks, `batch` programs per task per visit, so stopping early (budget or
     kill) still leaves every task covered.  Returns counts and the measured record rate.
     """
+    threads = sorted({int(t) for t in threads})
+    # TVM sizes its runtime pool from TVM_NUM_THREADS (default here: 1) when first used; the pool can
+    # later only shrink, so size it for the largest thread count before anything touches it.
+    os.environ["TVM_NUM_THREADS"] = str(max(threads))
     import tvm
     from ..devices import resolve
     from ..measure.store import Store
+    from ..measure.timer import _tvm_threadpool
     from .tasks import DEFAULT_NETWORKS
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     networks = list(networks or DEFAULT_NETWORKS)
-    threads = sorted({int(t) for t in threads})
+    cfg, num = _tvm_threadpool()
+    cfg(1, max(threads))
+    if int(num()) != max(threads):
+        raise TensorplanError(f"collect: TVM's runtime pool has {int(num())} thread(s), need {max(threads)}; "
+                              f"start a fresh process with TVM_NUM_THREADS={max(threads)}")
     st = store if isinstance(store, Store) else Store(store)
     t_start = time.time()
     deadline = t_start + budget_minutes * 60 if budget_minutes else None

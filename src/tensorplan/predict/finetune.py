@@ -125,3 +125,41 @@ def finetune_model(model, base, target_pool, n_tasks: int, per_task: int, method
     else:
         model.finetune(pool.subset(ft), base=base)
     return model, ft, rest, tasks
+
+
+def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, per_task: int = 8,
+                    method: str = "kmeans", steps: int = 300, seed: int = 0, out=None,
+                    max_cov: float = 0.01) -> dict:
+    """Fine-tune a CDMPP model for `device` from the dataset's records of that domain.
+
+    The records of `device` are the pool; `n_tasks` tasks are selected (`method`), `per_task` of their
+    programs are the labelled few-shot set and the rest measures before/after accuracy.
+    """
+    from pathlib import Path
+
+    from .cdmpp import CDMPP, load_estimator, load_shipped, regression_metrics, resolve_domain
+    from .dataset import load_dataset
+
+    dom = resolve_domain(device)
+    est = load_shipped() if model is None else load_estimator(model)
+    if not isinstance(est, CDMPP):
+        raise TensorplanError(f"finetune: '{model}' is a {type(est).__name__}, not a CDMPP model")
+    ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
+    ds = ds.filter_stable(max_cov=max_cov)
+    pool_ds = ds.device(dom)
+    if len(pool_ds) == 0:
+        raise TensorplanError(f"finetune: the dataset has no stable records on '{dom}'; "
+                              f"known devices: {sorted(ds.records['device'].unique())}")
+    pool = as_arrays(pool_ds)
+    ft, rest, tasks = few_shot_split(pool, min(n_tasks, len(np.unique(pool.task_key))), per_task, method, seed)
+    test = pool.subset(rest)
+    before = regression_metrics(est.predict(test), test.latency_s) if len(test) else {}
+    unl = pool.subset(np.arange(len(pool)))
+    unl.latency_s = None
+    est.finetune(pool.subset(ft), steps=steps, target=unl)
+    after = regression_metrics(est.predict(test), test.latency_s) if len(test) else {}
+    info = {"device": dom, "method": method, "tasks": tasks, "n_target_samples": int(len(ft)),
+            "n_eval": int(len(rest)), "before": before, "after": after}
+    if out is not None:
+        info["path"] = str(est.save(out))
+    return info

@@ -138,6 +138,7 @@ class KernelSample:
     proc: str
     latency_s: float = float("nan")
     cov: float = 0.0
+    spread: float = 0.0  # (2nd fastest − fastest) / fastest repeat: is the minimum reproducible?
     model: str = ""      # zoo model the full operator came from (for leave-one-model-out)
     dim: str = ""        # partition dimension of the part ("H" | "OC" | "")
     ratio: float = 1.0   # share of the full op this part is
@@ -377,10 +378,11 @@ class LinearModel:
         z = (x - mean) / std
         a = np.hstack([z, np.ones((len(z), 1))])
         w = 1.0 / np.maximum(np.abs(y), 1e-30) if relative else np.ones_like(y)
+        w = w / w.mean()
         aw, yw = a * w[:, None], y * w
-        reg = ridge * np.eye(a.shape[1])
-        reg[-1, -1] = 0.0
-        theta = np.linalg.solve(aw.T @ aw + reg, aw.T @ yw)
+        scale = float(np.abs(yw).mean()) or 1.0  # solve in O(1) units, then scale back
+        theta, *_ = np.linalg.lstsq(aw, yw / scale, rcond=None)
+        theta = theta * scale
         return cls(list(features), mean.tolist(), std.tolist(), theta[:-1].tolist(), float(theta[-1]))
 
     def nbytes(self) -> int:
@@ -696,7 +698,8 @@ class SharingModel:
                 raise TensorplanError(f"sharing fit needs ≥2 '{term}' measurements, got {len(r)}")
             b = np.array([v[0] for v in r], dtype=np.float64)
             y = np.array([v[1] for v in r])
-            theta, *_ = np.linalg.lstsq(np.stack([np.ones_like(b), b], 1), y, rcond=None)
+            a = np.stack([np.ones_like(b), b], 1) / y[:, None]  # relative-error least squares
+            theta, *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
             self.terms[term] = (float(theta[0]), float(theta[1]))
         syncs = [x["latency_s"] for x in rows if x["term"] == "sync"]
         if not syncs:

@@ -482,7 +482,10 @@ def _binary_expr(op: str, a, b, node: Node):
         return tirx.Select(a >= _zero(a), a, a * b)
     if op == "Mod":
         if int(node.attrs.get("fmod", 0)) or _dt(a).startswith("float"):
-            return tirx.fmod(a, b)
+            if _dt(a).startswith("float"):  # llvm has no fmod intrinsic: a - b*trunc(a/b)
+                q = a / b
+                return a - b * tirx.Select(q >= _zero(q), te.floor(q), te.ceil(q))
+            return tirx.truncmod(a, b)
         return tirx.floormod(a, b)
     raise KeyError(op)
 
@@ -540,12 +543,12 @@ def _pow(ctx, node):
     def fin(i):
         def with_xy(x):
             def inner(y):
-                odd = tvm.tirx.EQ(tvm.tirx.fmod(tvm.te.abs(y), _f(2.0, "float32")), _f(1.0, "float32"))
+                odd = tvm.tirx.EQ(y - _f(2.0, "float32") * tvm.te.floor(y * _f(0.5, "float32")), _f(1.0, "float32"))
                 ex = fast_exp(y * _fast_log_expr(tvm.te.abs(x)))
                 mag = tvm.tirx.Select(tvm.tirx.EQ(x, _f(0.0, "float32")),
                                       tvm.tirx.Select(tvm.tirx.EQ(y, _f(0.0, "float32")), _f(1.0, "float32"),
                                                       _f(0.0, "float32")), ex)
-                return tvm.tirx.Select(tvm.tirx.And(x < _f(0.0, "float32"), odd), -mag, mag)
+                return _let(mag, lambda m: tvm.tirx.Select(tvm.tirx.And(x < _f(0.0, "float32"), odd), -m, m))
             return _let(ctx.bload(b, i, shp).astype("float32"), inner)
         return _let(ctx.bload(a, i, shp), with_xy)
     return _compute(ctx, shp, fin, "Pow", _out_dtype(ctx, node))

@@ -107,6 +107,9 @@ class SocModel:
         if proc in ("gpu", "gpu_buffer"):
             t = 0.0
             for sub, n in mace_gpu_units(op, g["cu"], g["warp"], g["kwg"], g["cache"], g["adreno"]).items():
+                if sub == "gpu_fc":  # GEMV is bandwidth-like: charge its FLOPs over all CUs
+                    t += op.flops / (self.gpu_rate * g["cu"] * g["eff"]["fc"])
+                    continue
                 work, key = _gpu_unit_work(sub, op, g["warp"])
                 t += n * work / (self.gpu_rate * g["eff"][key])
             if proc == "gpu_buffer" and op.kind == "conv":

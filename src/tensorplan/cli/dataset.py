@@ -1,0 +1,99 @@
+"""`tensorplan dataset collect|stats|export`: the CDMPP tensor-program dataset."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+dataset_app = typer.Typer(help="Collect, export and summarise the CDMPP tensor-program dataset.",
+                          no_args_is_help=True)
+
+_STORE_OPT = typer.Option(None, "--store", help="Measurement store (default: $TENSORPLAN_STORE or <cache>/store.sqlite).")
+
+
+@dataset_app.command("collect")
+def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Comma-separated zoo names or .onnx paths "
+                                                   "(default: 16 zoo networks, see tensorplan.predict.tasks)."),
+            programs_per_task: int = typer.Option(64, "--programs-per-task", help="Schedules sampled per task."),
+            threads: str = typer.Option("1,2", "--threads", help="Thread counts; each is a device domain local-<N>t."),
+            store: Optional[Path] = _STORE_OPT,
+            budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
+            batch: int = typer.Option(4, "--batch", help="Programs per task per round-robin visit."),
+            max_kernel_ms: float = typer.Option(200.0, "--max-kernel-ms", help="Skip programs slower than this per call."),
+            json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+            no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
+    """Sample schedules of every fused kernel, compile once, time at each thread count; resumable."""
+    from ..errors import TensorplanError
+    try:
+        ths = [int(t) for t in threads.split(",") if t.strip()]
+    except ValueError:
+        raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
+    os.environ["TVM_NUM_THREADS"] = str(max(ths))   # before TVM's runtime pool exists
+    from ..predict.dataset import collect as _collect
+    nets = [n.strip() for n in networks.split(",")] if networks else None
+    st = _collect(nets, programs_per_task=programs_per_task, threads=ths, store=store,
+                  budget_minutes=budget_minutes, batch=batch, max_kernel_s=max_kernel_ms / 1e3,
+                  progress=not no_progress)
+    d = st.to_dict()
+    if json_out:
+        print(json.dumps(d, indent=1))
+    else:
+        Console().print(f"collected {d['programs']} programs, {d['records']} records in {d['seconds']:.0f} s "
+                        f"({d['records_per_s']:.2f} records/s); failed sample/build/too slow "
+                        f"{d['failed_sample']}/{d['failed_build']}/{d['too_slow']}")
+
+
+@dataset_app.command("export")
+def export(store: Optional[Path] = _STORE_OPT,
+           out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: the repo's data/cdmpp/)."),
+           json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Featurise every stored program and write the compact dataset (parquet + float16 npz)."""
+    from ..errors import StoreError
+    from ..predict.dataset import export as _export
+    if store is not None and not store.exists():
+        raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
+    r = _export(store, out)
+    if json_out:
+        print(json.dumps(r, indent=1))
+    else:
+        Console().print(f"{r['records']} records, {r['programs']} programs, {r['tasks']} tasks -> {r['dir']} "
+                        f"({r['bytes'] / 1e6:.1f} MB)")
+
+
+@dataset_app.command("stats")
+def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: the committed data/cdmpp/)."),
+          max_cov: float = typer.Option(0.01, "--max-cov", help="CoV threshold for 'stable' network latencies."),
+          json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Counts (records, programs, tasks, networks, devices), stability, and measured network latencies."""
+    from ..predict.dataset import load_dataset
+    ds = load_dataset(data)
+    s = ds.stats()
+    nl = ds.network_latencies(max_cov=max_cov)
+    s["network_latency_s"] = {f"{n}@{d}": v for (n, d), v in sorted(nl.items())}
+    if json_out:
+        print(json.dumps(s, indent=1))
+        return
+    con = Console()
+    con.print(f"[bold]{s['path']}[/]: {s['records']} records, {s['programs']} programs, "
+              f"{s['tasks_measured']}/{s['tasks_total']} tasks, {s['n_networks']} networks")
+    t = Table(show_header=True)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    for d, n in s["devices"].items():
+        t.add_row(f"records on {d}", str(n))
+    t.add_row("stable (CoV <= 1%)", f"{s['stable_records_cov_1pct']} ({100 * s['stable_fraction']:.1f}%)")
+    t.add_row("stable (CoV <= 5%)", str(s["stable_records_cov_5pct"]))
+    t.add_row("median CoV", f"{100 * s['median_cov']:.2f}%")
+    t.add_row("leaves per program (min/median/max)", f"{s['leaves'].get('min')}/{s['leaves'].get('median')}/{s['leaves'].get('max')}")
+    for k, v in s["network_latency_s"].items():
+        t.add_row(f"network {k}", f"{v * 1e3:.3f} ms")
+    con.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(dataset_app, name="dataset")

@@ -1,0 +1,131 @@
+"""`tensorplan train | finetune | predict | evaluate`: the CDMPP latency predictor."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+_err = Console(stderr=True)
+
+
+def _log(msg: str) -> None:
+    _err.print(f"[dim]{msg}[/]")
+
+
+def _dump(obj) -> str:
+    return json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train_cmd(
+        data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: data/cdmpp/)."),
+        devices: Optional[str] = typer.Option(None, "--devices", help="Comma-separated device domains (default: all)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Where to save the model (.pt; default: cache)."),
+        ship: bool = typer.Option(False, "--ship", help="Save to the packaged weights (predict/weights/cdmpp-local.pt)."),
+        epochs: int = typer.Option(400, "--epochs", help="Maximum epochs."),
+        max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Train CDMPP on the measured dataset (stable records, CoV <= 1%) and save it."""
+        from ..paths import cache_dir
+        from ..predict.cdmpp import SHIPPED_MODEL, train
+
+        dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / "cdmpp.pt")
+        _, info = train(data, devices=devices.split(",") if devices else None, out=dest, epochs=epochs,
+                        max_time_s=max_time)
+        if json_out:
+            print(_dump(info))
+            return
+        v = info["val"]
+        Console().print(f"trained on {info['records']} records ({', '.join(info['devices'])}) in "
+                        f"{info['train_time_s']:.0f} s; validation MAPE {v['mape_pct']:.2f}%, "
+                        f"±10% {v['acc10_pct']:.1f}%; saved {info['path']} ({info['size_mb']:.1f} MB)")
+
+    @app.command("finetune")
+    def finetune_cmd(
+        device: str = typer.Option(..., "--device", help="Target device domain, e.g. local-1t."),
+        model: Optional[Path] = typer.Option(None, "--model", help="Pre-trained model (default: shipped)."),
+        data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory with the target's records."),
+        tasks: int = typer.Option(10, "--tasks", help="Number of tasks to measure on the target."),
+        per_task: int = typer.Option(8, "--per-task", help="Programs per selected task."),
+        method: str = typer.Option("kmeans", "--method", help="Task selection: kmeans or random."),
+        steps: int = typer.Option(300, "--steps", help="Fine-tuning steps."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Where to save the fine-tuned model."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Few-shot fine-tune CDMPP for a device domain from KMeans-selected (or random) tasks."""
+        from ..paths import cache_dir
+        from ..predict.finetune import finetune_device
+
+        dest = out or cache_dir() / "models" / f"cdmpp-{device}.pt"
+        info = finetune_device(device, model=model, data=data, n_tasks=tasks, per_task=per_task, method=method,
+                               steps=steps, out=dest)
+        if json_out:
+            print(_dump(info))
+            return
+        Console().print(f"{method}: {info['n_target_samples']} samples from {len(info['tasks'])} tasks; "
+                        f"MAPE on the rest of {device}: {info['before']['mape_pct']:.2f}% -> "
+                        f"{info['after']['mape_pct']:.2f}%; saved {info['path']}")
+
+    @app.command("predict")
+    def predict_cmd(
+        model: str = typer.Argument(..., help="ONNX path or zoo name."),
+        device: str = typer.Option("local", "--device", help="Device domain ('local' = this CPU)."),
+        weights: Optional[Path] = typer.Option(None, "--weights", help="Predictor file (default: shipped CDMPP)."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Predict per-kernel and whole-model latency of a network with CDMPP."""
+        from ..predict.cdmpp import predict_network
+
+        r = predict_network(model, device=device, weights=weights, log=None if json_out else _log)
+        if json_out:
+            print(_dump(r))
+            return
+        t = Table(title=f"{r['model']} on {r['domain']} ({r['predictor']}): {r['total_ms']:.3f} ms predicted")
+        for c in ("kernel", "calls", "MFLOP", "leaves", "pred µs", "× calls µs", "share"):
+            t.add_column(c, justify="left" if c == "kernel" else "right")
+        tot = max(r["total_ms"] * 1e3, 1e-12)
+        for k in sorted(r["kernels"], key=lambda k: -k["total_us"]):
+            t.add_row(k["task"], str(k["calls"]), f"{k['flops'] / 1e6:.2f}", str(k["leaves"]), f"{k['predicted_us']:.1f}",
+                      f"{k['total_us']:.1f}", f"{100 * k['total_us'] / tot:.1f}%")
+        Console().print(t)
+        _log(f"{r['n_kernels']} kernels; featurize {r['featurize_s']:.1f} s, predict {r['predict_s'] * 1e3:.1f} ms")
+
+    @app.command("evaluate")
+    def evaluate_cmd(
+        data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: data/cdmpp/)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here "
+                                           "(e.g. bench/results/cdmpp_eval.json)."),
+        doc: Optional[Path] = typer.Option(None, "--doc", help="Regenerate the results block of this markdown "
+                                           "file (e.g. docs/cdmpp.md)."),
+        models: str = typer.Option(",".join(("cdmpp", "cdmpp-nocmd", "xgboost", "mlp", "tlp", "roofline")),
+                                   "--models", help="Comma-separated models."),
+        splits: str = typer.Option("network,device,sample", "--splits", help="Comma-separated splits."),
+        quick: bool = typer.Option(False, "--quick", help="Tiny epochs (smoke test, numbers meaningless)."),
+        holdout: Optional[str] = typer.Option(None, "--holdout", help="Comma-separated held-out networks."),
+        fewshot_tasks: Optional[int] = typer.Option(None, "--fewshot-tasks", help="Tasks selected for few-shot."),
+        per_task: int = typer.Option(8, "--per-task", help="Programs per selected task."),
+        time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply every model's training budget."),
+        json_out: bool = typer.Option(False, "--json", help="Print the result JSON."),
+    ) -> None:
+        """Train and score CDMPP and the baselines on the same splits; write JSON and a markdown table."""
+        from ..predict.evaluate import evaluate, render_markdown, save_results, write_doc
+
+        res = evaluate(data, models=models.split(","), splits=splits.split(","), quick=quick,
+                       holdout_networks=holdout.split(",") if holdout else None, fewshot_tasks=fewshot_tasks,
+                       fewshot_per_task=per_task, time_scale=time_scale, log=_log)
+        if out:
+            save_results(res, out)
+            _log(f"wrote {out}")
+        if doc:
+            write_doc(res, doc)
+            _log(f"updated {doc}")
+        if json_out:
+            print(_dump(res))
+        else:
+            Console().print(render_markdown(res))

@@ -1,0 +1,75 @@
+"""One conformance test for every latency estimator (CDMPP and the baselines), scikit-learn style."""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from tensorplan.errors import TensorplanError  # noqa: E402
+from tensorplan.predict.baselines import (RooflineLinear, TenSetMLP, TenSetXGB, TLPModel,  # noqa: E402
+                                          _trace_steps, program_bytes, summed_features)
+from tensorplan.predict.cdmpp import CDMPP, Estimator, as_arrays, load_estimator  # noqa: E402
+from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
+
+FAST = {
+    CDMPP: dict(epochs=15, batch_size=64),
+    TenSetXGB: dict(n_rounds=60),
+    TenSetMLP: dict(epochs=40, batch_size=64),
+    TLPModel: dict(epochs=40, batch_size=64),
+    RooflineLinear: dict(),
+}
+
+
+@pytest.mark.parametrize("klass", list(FAST), ids=lambda k: k.__name__)
+def test_estimator_conformance(klass, cdmpp_small, tmp_path):
+    tr, te = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
+    # params live in __init__ and round-trip through get_params
+    sig = inspect.signature(klass.__init__)
+    assert all(p.default is not inspect.Parameter.empty for n, p in sig.parameters.items() if n != "self")
+    est = klass(**FAST[klass])
+    assert isinstance(est, Estimator)
+    assert klass(**est.get_params()).get_params() == est.get_params()
+    with pytest.raises(TensorplanError):
+        est.predict(te)
+    assert est.fit(tr) is est
+    pred = est.predict(te)
+    assert pred.shape == (len(te),) and np.all(np.isfinite(pred)) and np.all(pred > 0)
+    # it learned: on its training data it beats a constant (geometric-mean) predictor
+    ptr = est.predict(tr)
+    const = np.exp(np.log(tr.latency_s).mean())
+    mape = np.mean(np.abs(ptr - tr.latency_s) / tr.latency_s)
+    mape_c = np.mean(np.abs(const - tr.latency_s) / tr.latency_s)
+    assert mape < mape_c, (klass.__name__, mape, mape_c)
+    # save / load round trip gives identical predictions, through both loaders
+    path = est.save(tmp_path / f"{klass.__name__}.pt")
+    for loaded in (klass.load(path), load_estimator(path)):
+        assert type(loaded) is klass
+        np.testing.assert_allclose(loaded.predict(te), pred, rtol=1e-6)
+    # the dataset object itself is accepted as well as ProgramArrays
+    np.testing.assert_allclose(est.predict(cdmpp_small["test"]), pred, rtol=1e-6)
+
+
+def test_load_rejects_wrong_files(tmp_path):
+    bad = tmp_path / "x.pt"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(Exception):
+        load_estimator(bad)
+    with pytest.raises(TensorplanError, match="does not exist"):
+        load_estimator(tmp_path / "missing.pt")
+
+
+def test_feature_helpers(cdmpp_small):
+    arr = as_arrays(cdmpp_small["train"])
+    X = summed_features(arr)
+    assert X.shape == (len(arr), 164 + 1 + arr.device.shape[1])
+    i = int(np.argmax(arr.n_leaves))
+    np.testing.assert_allclose(X[i, :164], arr.leaves(i).sum(0), rtol=1e-5)
+    b = program_bytes(arr)
+    assert np.all(b > 0)
+    steps = _trace_steps(arr.trace[0])
+    assert len(steps) > 0 and all(isinstance(k, str) for k, _ in steps)
+    kinds = {k for k, _ in steps}
+    assert kinds & {"GetSBlock", "SamplePerfectTile", "Split", "GetLoops"}, kinds

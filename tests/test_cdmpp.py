@@ -1,0 +1,133 @@
+"""CDMPP model: training on real measured records, padding mask, CMD, normalisers, fine-tuning."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tensorplan.errors import TensorplanError  # noqa: E402
+from tensorplan.predict.cdmpp import (CDMPP, FeatureScaler, ProgramArrays, TargetTransform,  # noqa: E402
+                                      as_arrays, cmd)
+from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
+
+
+@pytest.fixture(scope="module")
+def small(cdmpp_small):
+    return cdmpp_small
+
+
+def test_training_reduces_loss(small):
+    arr = as_arrays(small["train"])
+    m = CDMPP(epochs=1, batch_size=64, seed=0)
+    m.fit(arr)  # normalisers + net
+    losses = []
+    net = m.net
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    idx = rng.choice(len(arr), size=min(128, len(arr)), replace=False)
+    x, p, v, d = m._tensors(arr, idx)
+    y = torch.from_numpy(m.ytf.transform(arr.latency_s[idx]))
+    ys = torch.from_numpy(arr.latency_s[idx])
+    net.train()
+    for _ in range(25):
+        pred, _ = net(x, p, v, d)
+        loss = m._loss(pred, y, ys)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert np.mean(losses[-5:]) < 0.5 * losses[0], losses
+
+
+def test_fit_records_history_and_learns(small):
+    tr, te = as_arrays(small["train"]), as_arrays(small["test"])
+    m = CDMPP(epochs=12, batch_size=64, seed=0).fit(tr)
+    assert len(m.history) == 12
+    assert m.history[-1]["loss"] < m.history[0]["loss"]
+    pred = m.predict(tr)
+    const = np.full(len(tr), np.exp(np.log(tr.latency_s).mean()))
+    mape = np.mean(np.abs(pred - tr.latency_s) / tr.latency_s)
+    mape_const = np.mean(np.abs(const - tr.latency_s) / tr.latency_s)
+    assert mape < 0.8 * mape_const, (mape, mape_const)
+    assert np.all(np.isfinite(m.predict(te))) and np.all(m.predict(te) > 0)
+
+
+def test_padding_is_masked(small):
+    arr = as_arrays(small["train"])
+    m = CDMPP(epochs=1, batch_size=64, seed=0).fit(arr)
+    n = arr.n_leaves
+    assert n.max() > n.min(), "need programs with different leaf counts"
+    idx = np.concatenate([np.flatnonzero(n == n.min())[:3], np.flatnonzero(n == n.max())[:3]])
+    x, p, v, d = m._tensors(arr, idx)
+    assert (~v).any()
+    m.net.eval()
+    with torch.no_grad():
+        y1, r1 = m.net(x, p, v, d)
+        x2, p2 = x.clone(), p.clone()
+        x2[~v] = torch.randn(int((~v).sum()), x.shape[-1]) * 100
+        p2[~v] = 7
+        y2, r2 = m.net(x2, p2, v, d)
+        # and a batch of one, without any padding, gives the same answer
+        xs, ps, vs, ds = m._tensors(arr, idx[:1])
+        y3, _ = m.net(xs, ps, vs, ds)
+    assert torch.equal(y1, y2) and torch.equal(r1, r2)
+    assert torch.allclose(y1[:1], y3, atol=1e-5)
+
+
+def test_cmd_zero_iff_same_distribution():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(500, 16, generator=g)
+    assert float(cmd(x, x)) == 0.0
+    assert float(cmd(x, x[torch.randperm(500, generator=g)])) < 1e-5
+    assert float(cmd(x, x + 0.1)) > 0.05            # shifted mean
+    y = (torch.rand(500, 16, generator=g) - 0.5) * 0.2 + 0.5  # same mean, smaller spread
+    assert float(cmd(x, y)) > 0.01
+
+
+def test_normalisers_fit_on_train_only(small):
+    tr, te = as_arrays(small["train"]), as_arrays(small["test"])
+    m = CDMPP(epochs=1, batch_size=64, seed=0).fit(tr, target=te)
+    np.testing.assert_array_equal(m.scaler.lo, tr.leaf_data.min(0))
+    ref = TargetTransform.fit(tr.latency_s)
+    assert m.ytf.to_dict() == ref.to_dict()
+    both = TargetTransform.fit(np.concatenate([tr.latency_s, te.latency_s * 10]))
+    assert both.mean != m.ytf.mean
+    before = m.normalisers()
+    m.predict(te)
+    assert m.normalisers() == before
+    # the standardised training target has mean 0 / std 1, and inverse() undoes transform()
+    z = m.ytf.transform(tr.latency_s)
+    assert abs(z.mean()) < 1e-3 and abs(z.std() - 1) < 1e-3
+    np.testing.assert_allclose(m.ytf.inverse(z), tr.latency_s, rtol=1e-4)
+
+
+def test_feature_scaler_ignores_padding():
+    leaves = [np.ones((1, 164), np.float32) * 3, np.ones((3, 164), np.float32) * 5]
+    sc = FeatureScaler.fit(np.concatenate(leaves))
+    assert sc.lo[0] == 3 and sc.scale[0] == 2
+
+
+def test_finetune_moves_towards_target(small):
+    src, tgt = as_arrays(small["source"]), as_arrays(small["target"])
+    m = CDMPP(epochs=8, batch_size=64, seed=0, finetune_steps=60).fit(src, target=tgt)
+    rng = np.random.default_rng(0)
+    ft = rng.choice(len(tgt), size=min(40, len(tgt) // 2), replace=False)
+    rest = np.setdiff1d(np.arange(len(tgt)), ft)
+    before = m.predict(tgt.subset(ft))
+    err_before = np.mean(np.abs(before - tgt.latency_s[ft]) / tgt.latency_s[ft])
+    m.finetune(tgt.subset(ft), target=tgt.subset(rest))
+    after = m.predict(tgt.subset(ft))
+    err_after = np.mean(np.abs(after - tgt.latency_s[ft]) / tgt.latency_s[ft])
+    assert err_after < err_before
+
+
+def test_errors_are_clear(small):
+    with pytest.raises(TensorplanError, match="not trained"):
+        CDMPP().predict(small["train"])
+    arr = as_arrays(small["train"]).subset(np.arange(4))
+    arr.latency_s = None
+    with pytest.raises(TensorplanError, match="no measured latencies"):
+        CDMPP(epochs=1).fit(arr)
+    with pytest.raises(TensorplanError, match="leaf features"):
+        ProgramArrays.from_programs([np.zeros((0, 164), np.float32)], [np.zeros(0)], device="local-1t")
