@@ -10,7 +10,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

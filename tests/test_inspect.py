@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 import onnx
 from typer.testing import CliRunner
@@ -72,7 +71,6 @@ def test_inspect_reports_unsupported_instead_of_failing(tmp_path):
 
 
 def test_inspect_zoo_name():
-    pytest.importorskip("tensorplan.graph.zoo")
     res = runner.invoke(app, ["inspect", "tiny-mlp", "--opset", "11", "--json", "--check"])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.output)

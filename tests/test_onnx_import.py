@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from tensorplan.errors import ModelImportError, TensorplanError, UnsupportedOperatorError
-from tensorplan.graph import load_model
+from tensorplan.graph import load_model, zoo
 from tensorplan.graph.analysis import graph_flops, min_bytes, node_bytes, node_flops, param_count, roofline_ms
 from tensorplan.graph.onnx_import import import_onnx, parse_input_shapes
 from tensorplan.graph.reference import random_feeds, rel_error, run_reference
@@ -300,22 +300,13 @@ def test_load_model_errors(tmp_path):
 
 
 # ---------------------------------------------------------------- zoo tiny models vs ORT
-def _zoo():
-    return pytest.importorskip("tensorplan.graph.zoo")
-
-
 def _tiny_names():
-    try:
-        from tensorplan.graph import zoo
-    except ImportError:
-        return ["tiny-cnn"]
     return [e.name for e in zoo.list_models(tag="tiny")]
 
 
 @pytest.mark.parametrize("opset", [17, 11])
 @pytest.mark.parametrize("name", _tiny_names())
 def test_zoo_tiny_models_match_onnxruntime(name, opset):
-    zoo = _zoo()
     path = zoo.export(name, opset)
     g = load_model(name, opset=opset)
     assert g.opset == opset
@@ -332,7 +323,6 @@ def test_zoo_tiny_models_match_onnxruntime(name, opset):
 
 
 def test_zoo_subgraph_exports_and_runs():
-    _zoo()
     g = load_model("tiny-cnn")
     names = [n.name for n in g.nodes[1:4]]
     sub = g.subgraph(names)

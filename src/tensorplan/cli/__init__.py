@@ -27,6 +27,8 @@ _COMMAND_MODULES = (
     "inspect",
     "demo",
     "orchestrate",
+    "coexec",
+    "run",
 )
 
 for _mod in _COMMAND_MODULES:

@@ -24,7 +24,7 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
             store: Optional[Path] = _STORE_OPT,
             budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
             batch: int = typer.Option(4, "--batch", help="Programs per task per round-robin visit."),
-            max_kernel_ms: float = typer.Option(200.0, "--max-kernel-ms", help="Skip programs slower than this per call."),
+            max_kernel_ms: float = typer.Option(100.0, "--max-kernel-ms", help="Skip programs slower than this per call."),
             json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
             no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Sample schedules of every fused kernel, compile once, time at each thread count; resumable."""

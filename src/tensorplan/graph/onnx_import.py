@@ -11,7 +11,6 @@ a symbolic input dimension without an override is an error that names it.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -411,8 +410,8 @@ def _fold(st: _State) -> bool:
                 src = st.consts.get(ins[0])
                 shape = src.shape if src is not None else (st.shapes.get(ins[0]) or (None, None))[1]
                 if shape is not None:
-                    dummy = np.empty(tuple(shape), dtype=np.uint8) if n.op == "Shape" else \
-                        np.empty(tuple(shape), dtype=np.uint8)
+                    # only the shape matters: a zero-stride view allocates nothing
+                    dummy = np.broadcast_to(np.zeros((), np.uint8), tuple(shape))
                     val = run_node(n, [dummy])
             elif (all(i in st.consts for i in ins) and n.op in OPS and not n.domain
                   and n.op not in _NO_FOLD and not has_graph):

@@ -331,7 +331,7 @@ def _dropout(node, x):
 
 
 # ---------------------------------------------------------------- reductions
-def _reduce_axes(node: Node, x: list, attr_form: bool) -> tuple[tuple[int, ...] | None, bool]:
+def _reduce_axes(node: Node, x: list) -> tuple[tuple[int, ...] | None, bool]:
     """Axes from the attribute (older opsets) or second input (ReduceSum>=13, others>=18)."""
     axes = None
     if len(x) > 1 and x[1] is not None:
@@ -347,7 +347,7 @@ def _reduce_axes(node: Node, x: list, attr_form: bool) -> tuple[tuple[int, ...] 
 
 def _reduce(fn: Callable) -> OpFn:
     def run(node: Node, x: list) -> list:
-        axes, noop = _reduce_axes(node, x, True)
+        axes, noop = _reduce_axes(node, x)
         keep = bool(_a(node, "keepdims", 1))
         v = x[0]
         if axes is None and noop:

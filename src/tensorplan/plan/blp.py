@@ -102,11 +102,35 @@ def check_selection(prim: Graph, cands: Sequence[Candidate], chosen: Sequence[in
     return order
 
 
+def dominated(cands: Sequence[Candidate], costs: np.ndarray, max_group: int = 400) -> set[int]:
+    """Indices of candidates another candidate dominates: same outputs, a subset of the inputs,
+    no higher cost. With recomputation allowed, swapping a dominated kernel for its dominator
+    keeps every constraint satisfied and never raises the objective, so dropping them keeps an
+    optimum (not valid with recompute=False: the dominator may contain more primitives)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(cands):
+        if math.isfinite(costs[i]):
+            groups.setdefault(c.outputs, []).append(i)
+    out: set[int] = set()
+    for idx in groups.values():
+        if len(idx) < 2 or len(idx) > max_group:
+            continue
+        ins = {i: frozenset(cands[i].inputs) for i in idx}
+        for k in idx:
+            for j in idx:
+                if j != k and ins[j] <= ins[k] and (costs[j] < costs[k] or (costs[j] == costs[k] and (
+                        len(ins[j]) < len(ins[k]) or j < k))) and j not in out:
+                    out.add(k)
+                    break
+    return out
+
+
 def solve_blp(prim: Graph, cands: Sequence[Candidate], costs: Sequence[float], *,
-              recompute: bool = True, cuts: bool = True, time_limit: float = 60.0,
+              recompute: bool = True, cuts: bool = True, presolve: bool = True, time_limit: float = 60.0,
               mip_rel_gap: float = 1e-6, require_optimal: bool = False) -> Selection:
     """Solve Korch's BLP with scipy.optimize.milp (HiGHS).
 
+    `presolve` drops dominated candidates first (see `dominated`; only with recomputation).
     A time-out with an incumbent returns it with status "time_limit" and its MIP gap
     (unless `require_optimal`); a time-out without one, or infeasibility, raises PlanError."""
     from scipy.optimize import Bounds, LinearConstraint, milp
@@ -115,7 +139,8 @@ def solve_blp(prim: Graph, cands: Sequence[Candidate], costs: Sequence[float], *
     costs = np.asarray(costs, dtype=np.float64)
     if len(costs) != len(cands):
         raise PlanError(f"{len(costs)} costs for {len(cands)} candidates")
-    var_of = [i for i, c in enumerate(costs) if math.isfinite(c)]
+    drop = dominated(cands, costs) if (presolve and recompute) else set()
+    var_of = [i for i, c in enumerate(costs) if math.isfinite(c) and i not in drop]
     vidx = {cands[i].id: v for v, i in enumerate(var_of)}
     V = len(var_of)
     avail = _available(prim)
@@ -183,7 +208,8 @@ def solve_blp(prim: Graph, cands: Sequence[Candidate], costs: Sequence[float], *
                constraints=LinearConstraint(A, np.array(lb), np.array(ub)) if len(lb) else None,
                options={"time_limit": float(time_limit), "mip_rel_gap": float(mip_rel_gap), "disp": False})
     solve_s = time.perf_counter() - t0
-    opts = {"recompute": recompute, "cuts": cuts, "time_limit": time_limit, "model_rows": n_model_rows}
+    opts = {"recompute": recompute, "cuts": cuts, "presolve": presolve, "dominated": len(drop),
+            "time_limit": time_limit, "model_rows": n_model_rows}
     if res.status == 2:
         raise PlanError(f"the BLP is infeasible ({res.message}); some tensor can only be produced by "
                         "candidates that could not be built")

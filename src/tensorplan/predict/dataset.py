@@ -102,6 +102,7 @@ class _TaskState:
         self._args = None
 
     def args(self):
+        """Input/output tensors (uniform [0.5, 1) floats, zero integers); freed by `release`."""
         if self._args is None:
             import tvm
             from tvm.s_tir import meta_schedule as ms
@@ -110,15 +111,21 @@ class _TaskState:
             for a in ms.arg_info.ArgInfo.from_prim_func(self.task.mod["main"]):
                 shape = [int(x) for x in a.shape]
                 dt = str(a.dtype)
-                if dt.startswith("float"):
-                    arr = rng.standard_normal(shape).astype(dt)
+                if dt in ("float32", "float64"):
+                    arr = rng.random(shape, dtype=np.dtype(dt)) * 0.5 + 0.5
+                elif dt.startswith("float"):
+                    arr = (rng.random(shape, dtype=np.float32) * 0.5 + 0.5).astype(dt)
                 elif dt == "bool":
-                    arr = rng.integers(0, 2, shape).astype(bool)
+                    arr = np.ones(shape, dtype=bool)
                 else:
                     arr = np.zeros(shape, dtype=dt)     # integer inputs are indices: 0 is always in range
                 out.append(tvm.runtime.tensor(arr))
             self._args = out
         return self._args
+
+    def release(self) -> None:
+        """Drop the argument tensors (447 tasks' tensors would not fit in memory together)."""
+        self._args = None
 
 
 def sample_schedule(state: _TaskState, i: int):
@@ -160,7 +167,8 @@ def _time_lib(lib, args, threads: Sequence[int], *, min_repeat_s: float, max_ker
     if est > max_kernel_s:
         return f"too slow ({est:.2f} s per call)"
     number = max(1, min(100000, int(math.ceil(min_repeat_s / max(est, 1e-9)))))
-    rep = repeats if est < 0.02 else 3
+    # a lean budget: about 20 ms of timed runs per thread count, never fewer than 3 repeats
+    rep = int(max(3, min(repeats, 0.02 // max(number * est, 1e-9))))
     out: dict[int, Any] = {}
     for t in threads:
         cfg(1, t)
@@ -245,7 +253,7 @@ def get_tasks(store, networks: Sequence[str], log: Callable[[str], None] = print
 
 def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 64,
             threads: Sequence[int] = (1, 2), store: Any = None, budget_minutes: float | None = None,
-            batch: int = 4, min_repeat_s: float = 1e-3, repeats: int = 10, max_kernel_s: float = 0.2,
+            batch: int = 4, min_repeat_s: float = 1e-3, repeats: int = 10, max_kernel_s: float = 0.1,
             max_task_flops: float | None = None, progress: bool = True,
             log: Callable[[str], None] | None = None) -> CollectStats:
     """Sample, compile and time programs for every task of `networks`; resumable.
@@ -332,6 +340,8 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
                             stats.programs += 1
                         job.mark_done(item)
                     done.add(item)
+                if state is not None:
+                    state.release()
                     if prog_bar is not None:
                         el = time.time() - t_start
                         prog_bar.update(bar, advance=1, info=f"{stats.records} rec, {stats.records / el:.2f} rec/s")
@@ -504,8 +514,8 @@ def export(store: Any = None, out_dir: str | Path | None = None, *, log: Callabl
             "n_tasks_measured": len({p["task_key"] for p in plist}), "devices": devs,
             "networks": sorted(nets), "feature_dim": 164,
             "collection": {"sampler": "meta_schedule post-order-apply design space, replay-trace decisions, "
-                                      "mandatory postprocs", "timer": "tvm time_evaluator, number>=1 so "
-                                      "that one repeat lasts >= 2 ms, 5 repeats (3 if > 20 ms)"}}
+                                      "mandatory postprocs", "timer": "tvm time_evaluator after 1 warm-up call; number so that one repeat lasts >= 1 ms; "
+                                      "3-10 repeats (about 20 ms of timed runs); median"}}
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     log(f"export: {len(rows)} records, {len(plist)} programs, {len(tk)} tasks -> {out} ({size / 1e6:.1f} MB)")

@@ -15,7 +15,6 @@ an I/O binding on the raw pointers, so no data is copied.
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -28,8 +27,6 @@ LINEAR_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 EPILOGUE_OPS = {"Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu", "Identity", "Max",
                 "Min", "Neg", "Abs"}
 
-_ORT_LOCK = threading.Lock()
-_ORT_GLOBAL_POOL: int | None = None
 
 
 def _np_dtype(d: str):
@@ -81,23 +78,6 @@ class VendorKernel:
 
 
 # -------------------------------------------------------------------------------- ORT
-def _ensure_ort_pool(threads: int) -> bool:
-    """Share one global intra-op pool between all kernel sessions (hundreds of sessions with
-    their own pools would each own threads). Only possible before ORT's env exists."""
-    global _ORT_GLOBAL_POOL
-    with _ORT_LOCK:
-        if _ORT_GLOBAL_POOL is not None:
-            return _ORT_GLOBAL_POOL == threads
-        try:
-            from onnxruntime.capi import _pybind_state as C
-            C.set_global_thread_pool_sizes(int(threads), 1)
-            _ORT_GLOBAL_POOL = int(threads)
-            return True
-        except Exception:  # noqa: BLE001 - env already created: fall back to per-session pools
-            _ORT_GLOBAL_POOL = -1
-            return False
-
-
 def ort_kernel(sub: Graph, outputs: list[str] | None = None, threads: int = 2, spinning: bool = False,
                name: str | None = None) -> VendorKernel:
     """Any standard-ONNX sub-graph as one ONNX Runtime session driven by I/O binding."""
@@ -114,12 +94,10 @@ def ort_kernel(sub: Graph, outputs: list[str] | None = None, threads: int = 2, s
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
-    shared = _ensure_ort_pool(threads)
-    if shared:
-        so.use_per_session_threads = False
-    else:
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
+    # Per-session pools (ORT's global pool would force every session in the process onto it);
+    # no spinning: idle workers must not steal the cores TVM and torch kernels run on next.
+    so.intra_op_num_threads = int(threads)
+    so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     try:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -804,3 +804,101 @@ def _cuda_epilogue(spec):
         s = spec[1]
         return lambda y: torch.where(y >= 0, y, y * (s.reshape(1, -1, 1, 1) if y.dim() == 4 and s.numel() > 1 else s))
     raise TensorplanError(f"unknown epilogue spec {kind!r}")
+
+
+# --------------------------------------------------------------------------------------
+# Whole model on the two-process stand-in
+# --------------------------------------------------------------------------------------
+
+
+def op_weights(graph: Graph, co) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(weight, bias) of a `CoOp` in the layout the kernels expect (fc: (OC, IC))."""
+    n = co.node
+    t = graph.tensors
+    if co.shape.kind == "pool":
+        return None, None
+    w = t[n.inputs[1]].data.astype(np.float32)
+    b = t[n.inputs[2]].data.astype(np.float32).reshape(-1) if len(n.inputs) > 2 and n.inputs[2] else None
+    if co.shape.kind == "fc":
+        trans_b = int(n.attrs.get("transB", 0)) if n.op == "Gemm" else 0
+        w = w if trans_b else w.T
+        if b is not None and b.size != co.shape.oc:
+            b = np.broadcast_to(b, (co.shape.oc,)).copy()
+    return np.ascontiguousarray(w), b
+
+
+def default_data_dir():
+    from pathlib import Path
+
+    for cand in (Path.cwd() / "data" / "codl", Path(__file__).resolve().parents[3] / "data" / "codl"):
+        if (cand / "ops.csv.gz").exists():
+            return cand
+    raise TensorplanError("no CoDL training data found (data/codl/ops.csv.gz); run "
+                          "`python bench/codl_predictor.py --collect` or pass --data")
+
+
+def fit_local_cost(data_dir=None, pair: "ProcessPair | None" = None, max_spread: float = 0.05):
+    """CoexecCost for the stand-in processors from the measured data (sync from the data, or
+    measured on `pair` when the data has none)."""
+    from ..plan.coexec import CoexecCost
+    from ..predict.codl_data import load_compact
+    from ..predict.linear import CodlPredictor, SharingModel
+
+    samples, sharing = load_compact(data_dir or default_data_dir())
+    pred = CodlPredictor().fit([s for s in samples if s.spread <= max_spread] or samples)
+    if not any(r["term"] == "sync" for r in sharing):
+        if pair is None:
+            raise TensorplanError("the CoDL data has no sync measurement; pass a ProcessPair to measure it")
+        sharing = sharing + [{"term": "sync", "bytes": 0, "latency_s": float(np.median(pair.measure_sync(50)))}]
+    return CoexecCost(pred, SharingModel().fit(sharing), "cpu", "cpu2", 16, "overlap")
+
+
+def coexec_model(spec: str, method: str = "greedy", data_dir=None, repeats: int = 5,
+                 max_segments: int | None = None, check: bool = True) -> dict:
+    """Plan `spec`'s partitionable ops for the cpu+cpu2 stand-in and co-execute every segment
+    on real processes: predicted vs measured (min and median of `repeats`) per segment and in
+    total, components, max error vs the unsplit result, and a timeline (ops only; the
+    model's other ops are not run here)."""
+    from ..graph import load_model
+    from ..plan.coexec import chain_links, extract_ops, plan_ops
+
+    graph = load_model(spec)
+    ops = extract_ops(graph)
+    if not ops:
+        raise TensorplanError(f"model '{spec}' has no partitionable Conv/Pool/FC operator")
+    with ProcessPair() as pair:
+        cost = fit_local_cost(data_dir, pair)
+        plan = plan_ops([o.shape for o in ops], cost, chain_links(graph, ops), method)
+        rng = np.random.default_rng(0)
+        segs, events, t_off = [], {"cpu": [], "gpu": []}, 0.0
+        for seg in plan.segments[:max_segments]:
+            cos = ops[seg.start:seg.end]
+            job = CoexecJob([c.shape for c in cos], [op_weights(graph, c) for c in cos], seg.dim, seg.ratio,
+                            [epilogue_specs(graph, c.epilogue, c.node.outputs[0]) for c in cos], 16)
+            first = cos[0].shape
+            x = rng.standard_normal((1, first.ic) if first.kind == "fc" else (1, first.ic, first.ih, first.iw)
+                                    ).astype(np.float32)
+            pj = pair.prepare(job)
+            try:
+                pair.load_input(pj, x)
+                pair.run(pj)  # warm-up
+                runs = [pair.run(pj) for _ in range(repeats)]
+                err = float(np.abs(pair.output(pj) - reference_output(job, x).reshape(
+                    pair.output(pj).shape)).max()) if check else None
+            finally:
+                pair.free(pj)
+            best = min(runs, key=lambda r: r.total)
+            for proc in ("cpu", "gpu"):
+                events[proc] += [(f"{n} [{seg.start}:{seg.end}]", a + t_off, b + t_off) for n, a, b in best.events[proc]]
+            t_off += best.total
+            segs.append({"ops": [seg.start, seg.end], "names": [c.name for c in cos], "dim": seg.dim,
+                         "ratio": seg.ratio, "predicted": seg.cost.to_dict(), "measured_min": best.to_dict(),
+                         "measured_median_s": float(np.median([r.total for r in runs])), "max_abs_err": err,
+                         "memory": memory_overhead(job)})
+    pred = sum(s["predicted"]["total"] for s in segs)
+    meas = sum(s["measured_min"]["total"] for s in segs)
+    return {"model": spec, "processors": ["cpu", "cpu2"], "method": method, "plan": plan.to_dict(),
+            "segments": segs, "predicted_s": pred, "measured_min_s": meas,
+            "measured_median_s": sum(s["measured_median_s"] for s in segs),
+            "relative_error": pred / meas - 1.0 if meas > 0 else None, "events": events,
+            "note": "partitionable ops only (Conv/Pool/FC with fused elementwise epilogues)"}

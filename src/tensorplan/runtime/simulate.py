@@ -364,3 +364,30 @@ def simulate(graph: Graph, soc: str | SocModel, system: str = "codl", seed: int 
         elif n.name not in in_op:
             sim.other(n.name, others.get(n.name, 0), other_proc)
     return SimResult(sim.t, sim.events, dict(sim.acc), plan.to_dict())
+
+
+def plot_timeline(events: dict[str, list[tuple[str, float, float]]], path: str, title: str = "") -> str:
+    """Gantt chart of both processors' events (seconds) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"compute": "#4c72b0", "gpu": "#4c72b0", "cpu": "#55a868", "transform": "#dd8452", "map": "#c44e52",
+              "unmap": "#c44e52", "sync": "#8172b3", "pre-sync": "#8172b3", "write": "#937860"}
+    fig, ax = plt.subplots(figsize=(12, 2.6))
+    for y, proc in enumerate(("gpu", "cpu")):
+        for label, a, b in events.get(proc, []):
+            key = next((k for k in colors if label.startswith(k)), None)
+            ax.barh(y, (b - a) * 1e3, left=a * 1e3, color=colors.get(key, "#999999"), edgecolor="none")
+    ax.set_yticks([0, 1], ["GPU side", "CPU side"])
+    ax.set_xlabel("time (ms)")
+    ax.set_title(title)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in colors.items() if k in
+                       ("compute", "cpu", "transform", "map", "pre-sync")], loc="upper right", fontsize=7, ncol=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

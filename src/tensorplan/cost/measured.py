@@ -1,0 +1,193 @@
+"""`MeasuredCost`: compile every candidate kernel and time it on this machine (Korch's profiler).
+
+Per candidate kind:
+- memory (elementwise/reduce/layout): TVM with the default schedule; a single primitive
+  TVM cannot lower runs through ONNX Runtime (so singletons are always finite); for
+  singletons ONNX Runtime is also timed and the faster one kept;
+- linear: ONNX Runtime (MLAS) and PyTorch (oneDNN/MKL), the fastest wins (Korch's min
+  over profilers);
+- opaque: ONNX Runtime.
+
+Costs are cached in the measurement `Store` keyed by the candidate's canonical hash
+(+ the kind and thread count) and the device key, and written as soon as each is
+measured: a killed profiling job resumes where it stopped, and repeated blocks (12
+BERT layers) are measured once. `kernel_info` tells the planner which backend won,
+so the plan's executor rebuilds exactly the kernel that was timed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CompileError, TensorplanError
+from ..graph.ir import Graph
+
+if TYPE_CHECKING:
+    from ..plan.candidates import Candidate
+
+PROGRAM_KIND = "korch_kernel"
+COST_VERSION = 2  # bump when the kernels/schedules change so old timings are not reused
+
+
+class MeasuredCost:
+    """Korch-style profiling cost model (see module docstring)."""
+
+    name = "measured"
+
+    def __init__(self, store: Any = None, device: Any = "local", threads: int = 2, budget_s: float = 0.05,
+                 linear_backends: tuple[str, ...] = ("ort", "torch"), singleton_ort: bool = True,
+                 tag: str = "", remeasure: bool = False):
+        from ..devices import resolve
+        from ..measure.store import Store
+        self.store = store if isinstance(store, Store) else Store(store)
+        self.spec = resolve(device) if isinstance(device, str) else device
+        self.dev_key = self.store.put_device(self.spec)
+        self.threads = int(threads)
+        self.budget_s = float(budget_s)
+        self.linear_backends = tuple(linear_backends)
+        self.singleton_ort = singleton_ort
+        self.tag = tag
+        self.remeasure = remeasure
+        self._info: dict[str, dict] = {}   # canonical hash -> {"backend", "schedule", ...}
+        self.stats = {"measured": 0, "cached": 0, "failed": 0, "compile_s": 0.0, "measure_s": 0.0}
+
+    # -- protocol -------------------------------------------------------------------------
+    def cost(self, prim: Graph, cand: "Candidate") -> float:
+        return self.cost_many(prim, [cand])[0]
+
+    def cost_many(self, prim: Graph, cands: list["Candidate"], progress: bool = False) -> list[float]:
+        from ..measure.timer import pinned_threads
+        out: list[float] = []
+        todo: list[tuple[int, Any, str]] = []
+        for k, c in enumerate(cands):
+            pk = self._prog_key(prim, c)
+            hit = None if self.remeasure else self.store.get_measurement(pk, self.dev_key, self.tag)
+            if hit is not None:
+                out.append(self._from_record(c, hit))
+                self.stats["cached"] += 1
+            else:
+                out.append(math.nan)
+                todo.append((k, c, pk))
+        if not todo:
+            return out
+        bar = _progress(progress, len(todo), f"profiling {len(todo)} kernels ({len(cands) - len(todo)} cached)")
+        with pinned_threads(self.threads):
+            try:
+                for k, c, pk in todo:
+                    out[k] = self._measure_one(prim, c, pk)
+                    if bar is not None:
+                        bar[0].advance(bar[1])
+            finally:
+                if bar is not None:
+                    bar[0].stop()
+        return out
+
+    def kernel_info(self, prim: Graph, cand: "Candidate") -> dict:
+        """Backend and schedule of the kernel that was timed (for the plan)."""
+        info = self._info.get(cand.canonical_hash)
+        if info is None:
+            self.cost(prim, cand)
+            info = self._info.get(cand.canonical_hash, {})
+        return {"backend": info.get("backend", ""), "schedule": dict(info.get("schedule") or {})}
+
+    def describe(self) -> dict:
+        return {"name": self.name, "device": self.spec.name, "threads": self.threads, "budget_s": self.budget_s,
+                "linear_backends": list(self.linear_backends), "store": str(self.store.path), **self.stats}
+
+    # -- internals ------------------------------------------------------------------------
+    def _prog_key(self, prim: Graph, c: "Candidate") -> str:
+        byname = _index(prim)
+        payload = {"canonical_hash": c.canonical_hash, "kind": c.kind, "threads": self.threads,
+                   "version": COST_VERSION, "ops": [byname[n].op for n in c.nodes],
+                   "linear_backends": sorted(self.linear_backends) if c.kind == "linear" else []}
+        return self.store.put_program(PROGRAM_KIND, payload)
+
+    def _from_record(self, c: "Candidate", rec: dict) -> float:
+        ex = rec.get("extra") or {}
+        self._info[c.canonical_hash] = {"backend": ex.get("backend", ""), "schedule": ex.get("schedule") or {}}
+        if ex.get("failed"):
+            return math.inf
+        return float(rec["median_s"])
+
+    def _measure_one(self, prim: Graph, c: "Candidate", pk: str) -> float:
+        from ..measure.timer import Timing
+        sub = c.graph(prim)
+        outputs = list(c.outputs)
+        backends = self._backends_for(c)
+        t0 = time.perf_counter()
+        times: dict[str, float] = {}
+        timings: dict[str, Timing] = {}
+        errors: dict[str, str] = {}
+        for b in backends:
+            try:
+                tm = self._time_backend(sub, outputs, b)
+            except (CompileError, TensorplanError) as e:
+                errors[b] = str(e)[:300]
+                continue
+            except Exception as e:  # noqa: BLE001 - a crashing kernel is unavailable, not fatal
+                errors[b] = f"{type(e).__name__}: {str(e)[:300]}"
+                continue
+            times[b] = tm.median_s
+            timings[b] = tm
+        self.stats["measure_s"] += time.perf_counter() - t0
+        if not times:
+            self.stats["failed"] += 1
+            extra = {"failed": True, "errors": errors, "backend": "", "backends": backends}
+            self.store.put_measurement(pk, self.dev_key, Timing.from_repeats([1e9], method="failed"), self.tag,
+                                       extra)
+            self._info[c.canonical_hash] = {"backend": "", "schedule": {}}
+            return math.inf
+        best = min(times, key=times.get)
+        sched = {"name": "default"} if best == "tvm" else ({"spinning": False} if best == "ort" else {})
+        extra = {"backend": best, "schedule": sched, "times": times, "errors": errors or None}
+        self.store.put_measurement(pk, self.dev_key, timings[best], self.tag, extra)
+        self.stats["measured"] += 1
+        self._info[c.canonical_hash] = {"backend": best, "schedule": sched}
+        return times[best]
+
+    def _backends_for(self, c: "Candidate") -> list[str]:
+        if c.kind == "linear":
+            return list(self.linear_backends)
+        if c.kind == "opaque":
+            return ["ort"]
+        if len(c.nodes) == 1 and self.singleton_ort:
+            return ["tvm", "ort"]
+        return ["tvm"]
+
+    def _time_backend(self, sub: Graph, outputs: list[str], backend: str):
+        from ..measure.timer import measure
+        from ..program.linear import make_kernel, random_inputs
+        t0 = time.perf_counter()
+        k = make_kernel(sub, outputs, backend, threads=self.threads)
+        self.stats["compile_s"] += time.perf_counter() - t0
+        ins = random_inputs(sub, list(k.input_names))
+        outs = k.alloc_outputs()
+        fn = k.bind(ins, outs)
+        return measure(fn, warmup=2, min_repeats=5, max_repeats=200, budget_s=self.budget_s, number=None,
+                       min_repeat_s=2e-4)
+
+
+def _index(prim: Graph) -> dict:
+    key = id(prim)
+    hit = _IDX.get(key)
+    if hit is None or hit[0] != len(prim.nodes):
+        hit = (len(prim.nodes), {n.name: n for n in prim.nodes})
+        _IDX[key] = hit
+    return hit[1]
+
+
+_IDX: dict[int, tuple[int, dict]] = {}
+
+
+def _progress(enabled: bool, total: int, desc: str):
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                   transient=True)
+    bar.start()
+    return bar, bar.add_task(desc, total=total)
+
+
+__all__ = ["MeasuredCost", "PROGRAM_KIND", "COST_VERSION"]
