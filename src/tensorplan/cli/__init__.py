@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import TensorplanError
 
@@ -39,5 +40,5 @@ def main() -> None:
     try:
         app()
     except TensorplanError as e:
-        err_console.print(f"[bold red]error:[/] {e}")
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}")
         sys.exit(2)

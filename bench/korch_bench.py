@@ -1,0 +1,358 @@
+"""Korch end to end on this CPU: tensorplan plans vs ONNX Runtime, PyTorch eager, torch.compile and
+TVM Relax, interleaved in one run at the same thread count, plus ablations.
+
+Per model: median latency of every system (rotating order, 50 ms pauses so spinning thread
+pools park), ratio to the best baseline, kernels per inference, predicted (sum of profiled
+kernels) vs measured end-to-end, optimisation time split (enumerate / profile / solve), and
+distance to the roofline bound (FLOPs / measured peak, minimum bytes / measured bandwidth).
+Ablations: no fission, greedy fusion over the same measured kernels, no recomputation.
+
+Resumable: kernel timings live in the measurement store (a killed run re-profiles nothing it
+already measured) and each finished model is written to `bench/results/korch_<model>.json`
+(skipped on the next run unless --force). The summary goes to `bench/results/korch_bench.json`.
+
+    .venv/bin/python bench/korch_bench.py --models candy,yolox-nano --quick
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+DEFAULT_MODELS = ["candy", "segformer-b0", "efficientvit-b1", "yolox-nano", "yolov4", "resnet-50", "bert-base"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def machine_info(threads: int) -> dict:
+    import onnx
+    import onnxruntime
+    import torch
+    import tvm
+
+    from tensorplan.devices import resolve
+    spec = resolve("local")
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": spec.name,
+            "device": spec.to_dict(), "threads": threads, "nproc": os.cpu_count(),
+            "loadavg": list(os.getloadavg()),
+            "versions": {"torch": torch.__version__, "tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__,
+                         "onnx": onnx.__version__}}
+
+
+# ------------------------------------------------------------------------------------- systems
+def ort_runner(path: Path, feeds: dict, threads: int):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    f = {k: feeds[k] for k in names}
+    return lambda: sess.run(None, f), sess
+
+
+def eager_runner(name: str):
+    import torch
+
+    from tensorplan.graph import zoo
+    module, inputs = zoo.build_torch(name)
+
+    def run():
+        with torch.inference_mode():
+            return module(*inputs)
+    return run, (module, inputs)
+
+
+def compile_runner(name: str, cache: Path):
+    import torch
+
+    from tensorplan.graph import zoo
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    module, inputs = zoo.build_torch(name)
+    cm = torch.compile(module)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        cm(*inputs)
+    compile_s = time.perf_counter() - t0
+
+    def run():
+        with torch.inference_mode():
+            return cm(*inputs)
+    return run, compile_s
+
+
+def relax_runner(graph, feeds: dict, threads: int):
+    """TVM Relax default build (no tuning) of the constant-folded imported graph."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from tensorplan.graph.to_onnx import graph_to_onnx
+    from tensorplan.program.build import local_target
+    t0 = time.perf_counter()
+    mod = from_onnx(graph_to_onnx(graph), keep_params_in_input=False)
+    ex = tvm.compile(mod, target=tvm.target.Target(local_target(threads)))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = [tvm.runtime.tensor(np.ascontiguousarray(feeds[i])) for i in graph.inputs]
+    build_s = time.perf_counter() - t0
+    return lambda: vm["main"](*args), build_s
+
+
+def interleaved(runners: dict, rounds: int, pause: float = 0.05) -> dict[str, list[float]]:
+    names = list(runners)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for n in names:  # warm-up
+        runners[n]()
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            time.sleep(pause)
+            t0 = time.perf_counter()
+            runners[n]()
+            times[n].append(time.perf_counter() - t0)
+    return times
+
+
+@contextlib.contextmanager
+def no_fission_rules():
+    """orchestrate() always fissions; for the ablation make it apply no rule (compound ops stay
+    whole and run as opaque ONNX Runtime kernels)."""
+    import tensorplan.plan.orchestrate as orch
+    from tensorplan.graph.fission import fission
+    old = orch.fission
+    orch.fission = lambda g, rules=None: fission(g, rules={})
+    try:
+        yield
+    finally:
+        orch.fission = old
+
+
+# -------------------------------------------------------------------------------------- model
+def bench_model(name: str, args, store) -> dict:
+    import torch
+
+    from tensorplan.cost.measured import MeasuredCost
+    from tensorplan.devices import resolve
+    from tensorplan.graph import analysis, zoo
+    from tensorplan.graph.fission import fission
+    from tensorplan.graph.reference import rel_error
+    from tensorplan.paths import cache_dir
+    from tensorplan.plan import orchestrate
+    from tensorplan.runtime.executor import PlanExecutor, ort_reference
+
+    res: dict = {"model": name, "threads": args.threads, "quick": args.quick, "started": time.time(),
+                 "loadavg_start": list(os.getloadavg())}
+    torch.set_num_threads(args.threads)
+    path = zoo.export(name)
+    g = zoo.load(name)
+    feeds = zoo.numpy_inputs(name)
+    feeds = {k: v for k, v in feeds.items() if k in g.inputs}
+    spec = resolve("local")
+    flops, mbytes = analysis.graph_flops(g), analysis.min_bytes(g)
+    roof_ms = analysis.roofline_ms(flops, mbytes, spec.peak_fp32_gflops, spec.mem_bw_gbs)
+    res["roofline"] = {"gflops": flops / 1e9, "min_mbytes": mbytes / 1e6, "peak_gflops": spec.peak_fp32_gflops,
+                       "bw_gbs": spec.mem_bw_gbs, "bound_ms": roof_ms}
+    log(f"{name}: {len(g.nodes)} ops, {flops / 1e9:.2f} GFLOP, roofline {roof_ms:.2f} ms")
+
+    cm = MeasuredCost(store=store, device=spec, threads=args.threads, budget_s=args.kernel_budget)
+    plans = {}
+    opts = dict(max_nodes=args.max_nodes, time_limit=args.time_limit, progress=not args.no_progress)
+    t0 = time.perf_counter()
+    plans["tensorplan"] = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}"), **opts)
+    res["optimise_wall_s"] = time.perf_counter() - t0
+    res["cost_stats"] = dict(cm.stats)
+    prims = {"tensorplan": fission(g).graph}
+    if not args.no_ablations:
+        plans["greedy"] = orchestrate(name, cost=cm, method="greedy", **opts)
+        prims["greedy"] = prims["tensorplan"]
+        plans["no-recompute"] = orchestrate(name, cost=cm, recompute=False, **opts)
+        prims["no-recompute"] = prims["tensorplan"]
+        with no_fission_rules():
+            plans["no-fission"] = orchestrate(name, cost=cm, **opts)
+        prims["no-fission"] = fission(g, rules={}).graph
+
+    # -- build everything, then time interleaved -------------------------------------------
+    runners: dict = {}
+    info: dict = {"systems": {}}
+    fn, _sess = ort_runner(path, feeds, args.threads)
+    runners["onnxruntime"] = fn
+    ref = ort_reference(plans["tensorplan"], feeds, threads=args.threads)
+    try:
+        fn, keep = eager_runner(name)
+        out = fn()
+        runners["pytorch"] = fn
+        o0 = out[0] if isinstance(out, (tuple, list)) else (next(iter(out.values())) if isinstance(out, dict)
+                                                          else getattr(out, "logits", out))
+        info["systems"]["pytorch"] = {"max_rel_err_vs_ort_first_output":
+                                      float(rel_error(np.asarray(o0), np.asarray(next(iter(ref.values())))))
+                                      if tuple(np.asarray(o0).shape) == tuple(next(iter(ref.values())).shape)
+                                      else None}
+    except Exception as e:  # noqa: BLE001
+        info["systems"]["pytorch"] = {"error": f"{type(e).__name__}: {e}"}
+    if not args.no_compile:
+        try:
+            fn, cs = compile_runner(name, cache_dir())
+            runners["torch.compile"] = fn
+            info["systems"]["torch.compile"] = {"compile_s": cs}
+        except Exception as e:  # noqa: BLE001
+            info["systems"]["torch.compile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    executors = {}
+    for key, plan in plans.items():
+        try:
+            ex = PlanExecutor(plan, prims[key], threads=args.threads)
+            out = ex.run(feeds)
+            errs = {o: float(rel_error(np.atleast_1d(out[o]), np.atleast_1d(ref[o]))) for o in ref if o in out}
+            executors[key] = ex
+            runners[key] = ex.run_bound
+            info["systems"][key] = {"kernels": len(plan.kernels), "predicted_ms": plan.predicted_s * 1e3,
+                                    "max_rel_err": max(errs.values()) if errs else None,
+                                    "backends": ex.backend_counts(), "compile_s": ex.compile_s,
+                                    "timing": plan.timing, "solver": {k: plan.solver.get(k) for k in
+                                                                      ("status", "mip_gap", "solve_s", "variables")},
+                                    "recomputed_primitives": plan.stats.get("recomputed_primitives"),
+                                    "arena_mib": ex.arena_bytes / 2**20,
+                                    "fallbacks": [n for s in ex.slots for n in s.notes][:10]}
+        except Exception as e:  # noqa: BLE001
+            info["systems"][key] = {"error": f"{type(e).__name__}: {str(e)[:400]}",
+                                    "trace": traceback.format_exc()[-1500:]}
+    log(f"  timing {len(runners)} systems x {args.rounds} rounds (interleaved)")
+    times = interleaved(runners, args.rounds)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    if "tensorplan" in executors:
+        ksum = sum(executors["tensorplan"].kernel_times(budget_s=0.01))
+        info["systems"]["tensorplan"]["measured_kernel_sum_ms"] = ksum * 1e3
+    if not args.no_relax:
+        try:
+            fn, build_s = relax_runner(g, feeds, args.threads)
+            ts = []
+            for _ in range(args.relax_runs):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            med["tvm-relax"] = statistics.median(ts)
+            times["tvm-relax"] = ts
+            info["systems"]["tvm-relax"] = {"build_s": build_s, "note": "untuned default build, timed separately"}
+        except Exception as e:  # noqa: BLE001
+            info["systems"]["tvm-relax"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    baselines = [k for k in ("onnxruntime", "pytorch", "torch.compile", "tvm-relax") if k in med]
+    best = min(baselines, key=lambda k: med[k])
+    res.update(info)
+    res["median_ms"] = {k: v * 1e3 for k, v in med.items()}
+    res["cov"] = {k: (statistics.pstdev(v) / statistics.mean(v) if len(v) > 1 else 0.0) for k, v in times.items()}
+    res["best_baseline"] = best
+    if "tensorplan" in med:
+        tp = med["tensorplan"]
+        res["speedup_vs_best_baseline"] = med[best] / tp
+        res["speedup_vs"] = {k: med[k] / tp for k in baselines}
+        res["vs_roofline"] = tp * 1e3 / roof_ms
+        p = plans["tensorplan"]
+        res["kernels_per_inference"] = len(p.kernels)
+        res["primitives"] = p.source.get("num_primitives")
+        res["predicted_ms"] = p.predicted_s * 1e3
+        res["measured_ms"] = tp * 1e3
+        res["optimise_split_s"] = {k: p.timing.get(k) for k in ("fission_s", "enumerate_s", "profile_s", "solve_s",
+                                                                  "total_s")}
+        res["candidates"] = p.stats.get("enumeration", {}).get("candidates")
+        res["unique_candidates"] = p.stats.get("enumeration", {}).get("unique_hashes")
+        for key in ("greedy", "no-recompute", "no-fission"):
+            if key in med:
+                res.setdefault("ablations", {})[key] = {"median_ms": med[key] * 1e3, "slowdown": med[key] / tp,
+                                                        "kernels": len(plans[key].kernels),
+                                                        "predicted_ms": plans[key].predicted_s * 1e3}
+    res["loadavg_end"] = list(os.getloadavg())
+    res["finished"] = time.time()
+    return res
+
+
+def summarize(per_model: dict, machine: dict) -> dict:
+    ok = {m: r for m, r in per_model.items() if "speedup_vs_best_baseline" in r}
+    sp = [r["speedup_vs_best_baseline"] for r in ok.values()]
+    rf = [r["vs_roofline"] for r in ok.values()]
+    geo = lambda xs: float(math.exp(statistics.fmean(math.log(x) for x in xs))) if xs else None  # noqa: E731
+    return {"machine": machine, "models": per_model,
+            "geomean_speedup_vs_best_baseline": geo(sp), "geomean_vs_roofline": geo(rf),
+            "table": [{"model": m, "tensorplan_ms": r.get("measured_ms"), "best_baseline": r.get("best_baseline"),
+                       "best_baseline_ms": r["median_ms"].get(r.get("best_baseline")),
+                       "speedup": r.get("speedup_vs_best_baseline"), "roofline_ms": r["roofline"]["bound_ms"],
+                       "vs_roofline": r.get("vs_roofline"), "kernels": r.get("kernels_per_inference"),
+                       "predicted_ms": r.get("predicted_ms")} for m, r in per_model.items() if "median_ms" in r]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo names")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds, shorter kernel timing, no TVM Relax")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--kernel-budget", type=float, default=None, help="seconds of timing per candidate kernel")
+    ap.add_argument("--max-nodes", type=int, default=8)
+    ap.add_argument("--time-limit", type=float, default=60.0, help="BLP solver time limit (s)")
+    ap.add_argument("--store", default=None, help="measurement store (default: tensorplan's)")
+    ap.add_argument("--no-ablations", action="store_true")
+    ap.add_argument("--no-relax", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--relax-runs", type=int, default=2)
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--force", action="store_true", help="re-run models that already have results")
+    ap.add_argument("--results-dir", default=str(RESULTS), help="where per-model JSON files go")
+    ap.add_argument("--out", default=None, help="summary JSON (default: <results-dir>/korch_bench.json)")
+    args = ap.parse_args(argv)
+    args.rounds = args.rounds or (8 if args.quick else 25)
+    args.kernel_budget = args.kernel_budget or (0.02 if args.quick else 0.05)
+    if args.quick:
+        args.no_relax = True
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from tensorplan.measure.store import Store
+    from tensorplan.measure.timer import pinned_threads
+    store = Store(args.store)
+    results = Path(args.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    args.out = args.out or str(results / "korch_bench.json")
+    machine = machine_info(args.threads)
+    per_model: dict = {}
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        out = results / f"korch_{name}.json"
+        if out.exists() and not args.force:
+            per_model[name] = json.loads(out.read_text())
+            log(f"{name}: cached result {out.name} (use --force to re-run)")
+            continue
+        log(f"{name}: start")
+        try:
+            with pinned_threads(args.threads):
+                r = bench_model(name, args, store)
+        except Exception as e:  # noqa: BLE001 - one broken model must not lose the others
+            r = {"model": name, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+            log(f"{name}: FAILED {r['error']}")
+        else:
+            out.write_text(json.dumps(r, indent=1, default=float))
+            log(f"{name}: tensorplan {r.get('measured_ms', float('nan')):.2f} ms, best baseline "
+                f"{r.get('best_baseline')} {r['median_ms'].get(r.get('best_baseline'), float('nan')):.2f} ms, "
+                f"speedup {r.get('speedup_vs_best_baseline', float('nan')):.2f}x, "
+                f"{r.get('vs_roofline', float('nan')):.2f}x roofline")
+        per_model[name] = r
+    summary = summarize(per_model, machine)
+    Path(args.out).write_text(json.dumps(summary, indent=1, default=float))
+    log(f"wrote {args.out}: geomean speedup {summary['geomean_speedup_vs_best_baseline']}, "
+        f"geomean vs roofline {summary['geomean_vs_roofline']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
