@@ -17,11 +17,13 @@ class ModelImportError(TensorplanError):
 class UnsupportedOperatorError(ModelImportError):
     """One or more operators have no implementation; lists them all at once."""
 
-    def __init__(self, ops: list[tuple[str, str]]):
+    def __init__(self, ops: list[tuple[str, str]], source: str = ""):
         self.ops = ops
+        self.source = source
         lines = "\n".join(f"  - {op} (node '{name}')" for name, op in ops)
+        where = f"{source}: " if source else ""
         super().__init__(
-            f"{len(ops)} node(s) use unsupported operators:\n{lines}\n"
+            f"{where}{len(ops)} node(s) use unsupported operators:\n{lines}\n"
             "Export the model without them or open an issue with the op types above."
         )
 

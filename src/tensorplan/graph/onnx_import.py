@@ -527,7 +527,7 @@ def _import(model, input_shapes, allow_unsupported, name) -> Graph:
             "constant — re-export with the control flow traced out")
     unsupported = [(n.name, n.op) for n in st.nodes if n.op not in OPS or n.domain]
     if unsupported and not allow_unsupported:
-        raise UnsupportedOperatorError(unsupported)
+        raise UnsupportedOperatorError(unsupported, label)
 
     _fill_missing_shapes(st, strict_err, unsupported)
     return _build_graph(st, proto, name)
