@@ -134,8 +134,9 @@ def interleaved(runners: dict, rounds: int, pause: float = 0.05) -> dict[str, li
 def no_fission_rules():
     """orchestrate() always fissions; for the ablation make it apply no rule (compound ops stay
     whole and run as opaque ONNX Runtime kernels)."""
-    import tensorplan.plan.orchestrate as orch
+    import tensorplan.plan  # noqa: F401 - (the package re-exports a function of the module's name)
     from tensorplan.graph.fission import fission
+    orch = sys.modules["tensorplan.plan.orchestrate"]
     old = orch.fission
     orch.fission = lambda g, rules=None: fission(g, rules={})
     try:

@@ -3,7 +3,7 @@
 For each model: operators -> primitives (and, with --check, the primitive graph's max relative
 error vs ONNX Runtime on the original model), candidate counts and unique canonical hashes at
 size caps 4/8/16, enumeration time, and with roofline (AnalyticalCost) costs on this machine's
-DeviceSpec: BLP solve time with and without the valid cuts, without recomputation, and the
+DeviceSpec: BLP solve time with and without the valid cuts, without the dominance presolve, without recomputation, and the
 greedy-fusion / no-fusion baselines. Roofline latencies are only a planning signal; the
 meaningful numbers here are the counts and the solver times.
 
@@ -91,6 +91,8 @@ def run_model(name: str, opset: int, caps: list[int], check: bool, repeats: int,
                       "recomputed_primitives": recomputed_primitives(cands, sel.chosen)}
         sel2, times2 = timed_blp(prim, cands, costs, 1, cuts=False, time_limit=time_limit)
         row["blp_no_cuts"] = {**sel2.to_dict(), "solve_s_all": times2, "solve_s_median": statistics.median(times2)}
+        sel4, times4 = timed_blp(prim, cands, costs, 1, cuts=True, presolve=False, time_limit=time_limit)
+        row["blp_no_presolve"] = {**sel4.to_dict(), "solve_s_median": statistics.median(times4)}
         sel3, times3 = timed_blp(prim, cands, costs, 1, cuts=True, recompute=False, time_limit=time_limit)
         row["blp_no_recompute"] = {**sel3.to_dict(), "solve_s_median": statistics.median(times3)}
         gr = greedy_fusion(prim, cands, costs)
@@ -103,7 +105,7 @@ def run_model(name: str, opset: int, caps: list[int], check: bool, repeats: int,
         print(f"{name:16s} cap {cap:2d}: {st.candidates:6d} cands ({st.unique_hashes} unique, "
               f"{st.regions} regions, {st.seconds:.2f}s) | BLP {sel.status} {len(sel.chosen)} kernels "
               f"solve {statistics.median(times):.3f}s (no cuts {statistics.median(times2):.3f}s, "
-              f"no-recompute {times3[0]:.3f}s) | pred ms blp {sel.objective_s * 1e3:.3f} "
+              f"no presolve {times4[0]:.3f}s, no-recompute {times3[0]:.3f}s) | pred ms blp {sel.objective_s * 1e3:.3f} "
               f"greedy {gr.objective_s * 1e3:.3f} none {nf.objective_s * 1e3:.3f}", flush=True)
     return rec
 

@@ -389,12 +389,19 @@ class FeatureScaler:
 
 @dataclass
 class TargetTransform:
-    """Latency (s) -> Box-Cox(latency in µs) -> standardised; `kind='log'` uses log instead."""
+    """Latency (s) -> Box-Cox(latency in µs) -> standardised; `kind='log'` uses log instead.
+
+    The inverse clips to the training range widened by half its width on each side: with λ < 0 the
+    Box-Cox inverse diverges as λ·b+1 -> 0, and an untrained or extrapolating net must not answer
+    "infinite latency".
+    """
 
     kind: str = "boxcox"
     lam: float = 0.0
     mean: float = 0.0
     std: float = 1.0
+    b_lo: float = -math.inf
+    b_hi: float = math.inf
 
     @classmethod
     def fit(cls, latency_s: np.ndarray, kind: str = "boxcox") -> "TargetTransform":
@@ -402,7 +409,7 @@ class TargetTransform:
 
         us = np.asarray(latency_s, np.float64) * 1e6
         if kind == "boxcox":
-            b, lam = boxcox(us)
+            _, lam = boxcox(us)
             lam = float(np.clip(lam, -1.0, 1.0))
         elif kind == "log":
             lam = 0.0
@@ -411,6 +418,13 @@ class TargetTransform:
         t = cls(kind=kind, lam=lam)
         b = t._bc(us)
         t.mean, t.std = float(b.mean()), float(max(b.std(), 1e-9))
+        w = float(b.max() - b.min())
+        lo, hi = float(b.min()) - 0.5 * w, float(b.max()) + 0.5 * w
+        if lam < 0:  # stay inside the domain of the inverse: lam*b + 1 > 0  <=>  b < -1/lam
+            hi = min(hi, 0.999 * (-1.0 / lam))
+        elif lam > 0:
+            lo = max(lo, 0.999 * (-1.0 / lam))
+        t.b_lo, t.b_hi = lo, hi
         return t
 
     def _bc(self, us):
@@ -420,7 +434,7 @@ class TargetTransform:
         return ((self._bc(np.asarray(latency_s, np.float64) * 1e6) - self.mean) / self.std).astype(np.float32)
 
     def inverse(self, z: np.ndarray) -> np.ndarray:
-        b = np.asarray(z, np.float64) * self.std + self.mean
+        b = np.clip(np.asarray(z, np.float64) * self.std + self.mean, self.b_lo, self.b_hi)
         if abs(self.lam) < 1e-12:
             us = np.exp(b)
         else:
@@ -431,7 +445,7 @@ class TargetTransform:
         """Differentiable inverse, for the MAPE term of the loss (returns seconds)."""
         import torch
 
-        b = z.double() * self.std + self.mean
+        b = torch.clamp(z.double() * self.std + self.mean, self.b_lo, self.b_hi)
         if abs(self.lam) < 1e-12:
             us = torch.exp(b)
         else:
@@ -439,7 +453,8 @@ class TargetTransform:
         return us * 1e-6
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "lam": self.lam, "mean": self.mean, "std": self.std}
+        return {"kind": self.kind, "lam": self.lam, "mean": self.mean, "std": self.std,
+                "b_lo": self.b_lo, "b_hi": self.b_hi}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetTransform":

@@ -186,7 +186,7 @@ def choose_holdout_networks(ds, min_fraction: float = 0.15, seed: int = 0) -> li
     """Networks to hold out: a seeded random order, added until >= min_fraction of records are test."""
     nets = sorted({k for v in ds.records["networks"] for k, _ in v})
     rng = np.random.default_rng(seed)
-    order = list(rng.permutation(nets))
+    order = [str(n) for n in rng.permutation(nets)]
     hold: list[str] = []
     for n in order:
         _, te = ds.split(kind="network", holdout=hold + [n])
@@ -354,7 +354,8 @@ def render_markdown(res: dict) -> str:
     L = []
     d = res["dataset"]
     m = res.get("machine", {})
-    L.append(f"Dataset `{d['path']}`: {d['records_stable']} stable records (CoV ≤ {d['max_cov']:.0%}) of "
+    cov = "no CoV filter" if d["max_cov"] is None else f"CoV ≤ {d['max_cov']:.0%}"
+    L.append(f"Dataset `{d['path']}`: {d['records_stable']} stable records ({cov}) of "
              f"{d['records_total']}, {d['tasks']} tasks, devices {d['devices']}. Machine: {m.get('cpu', '?')}, "
              f"{m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}; wall time {res.get('wall_time_s', 0) / 60:.1f} min"
              + (" (**quick mode**)" if res.get("quick") else "") + ".")

@@ -1,0 +1,57 @@
+"""CDMPP training time on 30k records and batched prediction throughput, on this CPU.
+
+The measured dataset may hold fewer than 30k records; the training set is then drawn *with
+replacement* from the real stable records (the timing depends on the number and the leaf counts
+of the programs, not on their labels). Writes bench/results/cdmpp_speed.json with machine info.
+
+    python bench/cdmpp_speed.py [--data data/cdmpp] [--records 30000] [--epochs 40]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--records", type=int, default=30000)
+    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--max-cov", type=float, default=0.05)
+    ap.add_argument("--out", default="bench/results/cdmpp_speed.json")
+    a = ap.parse_args()
+    from tensorplan.predict.cdmpp import CDMPP, as_arrays
+    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.predict.evaluate import _throughput, machine_info
+
+    ds = load_dataset(a.data).filter_stable(max_cov=a.max_cov)
+    arr = as_arrays(ds)
+    rng = np.random.default_rng(0)
+    idx = rng.choice(len(arr), size=a.records, replace=len(arr) < a.records)
+    big = arr.subset(idx)
+    half = big.subset(np.arange(len(big) // 10))
+    half.latency_s = None
+    out = {"real_records": len(arr), "train_records": len(big), "resampled": bool(len(arr) < a.records),
+           "leaves_mean": float(big.n_leaves.mean()), "leaves_max": int(big.n_leaves.max()), "runs": {}}
+    for name, target in (("no_cmd", None), ("cmd", half)):
+        m = CDMPP(epochs=a.epochs)
+        t0 = time.perf_counter()
+        m.fit(big, target=target)
+        dt = time.perf_counter() - t0
+        out["runs"][name] = {"epochs": a.epochs, "train_s": dt, "s_per_epoch": dt / a.epochs,
+                             "epochs_in_15_min": int(900 / (dt / a.epochs))}
+        print(name, out["runs"][name], flush=True)
+    out["predict_per_s"] = _throughput(m, big.subset(np.arange(5000)), min_n=20000)
+    out["machine"] = machine_info()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
