@@ -15,10 +15,10 @@ from tensorplan.predict.cdmpp import CDMPP, Estimator, as_arrays, load_estimator
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 FAST = {
-    CDMPP: dict(epochs=15, batch_size=64),
+    CDMPP: dict(epochs=20, batch_size=32),
     TenSetXGB: dict(n_rounds=60),
-    TenSetMLP: dict(epochs=40, batch_size=64),
-    TLPModel: dict(epochs=40, batch_size=64),
+    TenSetMLP: dict(epochs=40, batch_size=16),
+    TLPModel: dict(epochs=40, batch_size=16),
     RooflineLinear: dict(),
 }
 
@@ -37,12 +37,12 @@ def test_estimator_conformance(klass, cdmpp_small, tmp_path):
     assert est.fit(tr) is est
     pred = est.predict(te)
     assert pred.shape == (len(te),) and np.all(np.isfinite(pred)) and np.all(pred > 0)
-    # it learned: on its training data it beats a constant (geometric-mean) predictor
-    ptr = est.predict(tr)
-    const = np.exp(np.log(tr.latency_s).mean())
-    mape = np.mean(np.abs(ptr - tr.latency_s) / tr.latency_s)
-    mape_c = np.mean(np.abs(const - tr.latency_s) / tr.latency_s)
-    assert mape < mape_c, (klass.__name__, mape, mape_c)
+    # it learned: on its training data its log error beats a constant (geometric-mean) predictor
+    # (latencies span 5 orders of magnitude, so MAPE of a constant is meaningless here)
+    ly = np.log(tr.latency_s)
+    err = np.mean(np.abs(np.log(est.predict(tr)) - ly))
+    err_c = np.mean(np.abs(ly.mean() - ly))
+    assert err < 0.8 * err_c, (klass.__name__, err, err_c)
     # save / load round trip gives identical predictions, through both loaders
     path = est.save(tmp_path / f"{klass.__name__}.pt")
     for loaded in (klass.load(path), load_estimator(path)):

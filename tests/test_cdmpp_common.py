@@ -5,6 +5,8 @@ Import the fixture into a test module with `from test_cdmpp_common import cdmpp_
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,13 +16,14 @@ import pytest
 def _load_small(n_tasks: int = 12, per_task: int = 16):
     from tensorplan.predict.dataset import default_data_dir, load_dataset
 
-    if not (default_data_dir() / "records.parquet").exists():
-        pytest.skip("data/cdmpp/ has not been exported yet (tensorplan dataset export)")
-    ds = load_dataset().filter_stable(max_cov=0.05)
+    d = Path(os.environ.get("TENSORPLAN_CDMPP_DATA") or default_data_dir())
+    if not (d / "records.parquet").exists():
+        pytest.skip(f"{d} has not been exported yet (tensorplan dataset export)")
+    ds = load_dataset(d).filter_stable(max_cov=0.25)
     r = ds.records
     both = r.groupby("task_key")["device"].nunique()
     counts = r.groupby("task_key").size()
-    ok = [t for t in sorted(both.index) if both[t] == 2 and counts[t] >= 8]
+    ok = [t for t in sorted(both.index) if both[t] == 2 and counts[t] >= 6]
     # spread the chosen tasks over networks and leaf counts: sort by (first network, n_leaves)
     first_net = r.groupby("task_key")["networks"].first().map(lambda v: v[0][0] if len(v) else "")
     leaves = r.groupby("task_key")["n_leaves"].max()

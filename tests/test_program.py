@@ -240,6 +240,21 @@ def test_layout(op, attrs, consts, shape):
     check(g, feeds, tol=0)
 
 
+def test_upsample_as_reshape_expand_reshape():
+    nodes = [("Relu", ["x"], ["r"], {}), ("Reshape", ["r", "s1"], ["a"], {}), ("Expand", ["a", "s2"], ["b"], {}),
+             ("Reshape", ["b", "s3"], ["y"], {})]
+    consts = {"s1": i64(1, 4, 5, 1, 6, 1), "s2": i64(1, 4, 5, 2, 6, 2), "s3": i64(1, 4, 10, 12)}
+    g, feeds = build(nodes, {"x": f32(1, 4, 5, 6)}, consts)
+    check(g, feeds, tol=0)
+
+
+def test_gather_with_runtime_indices():
+    table = f32(50, 8)
+    idx = np.array([[3, 0, 49, -1]], np.int64)
+    g, feeds = build([("Gather", ["ids", "table"][::-1], ["y"], {"axis": 0})], {"ids": idx}, {"table": table})
+    check(g, feeds, tol=0)
+
+
 def test_concat_and_split():
     a, b, c = f32(2, 3, 4), f32(2, 5, 4), f32(2, 1, 4)
     g, feeds = build([("Concat", ["a", "b", "c"], ["y"], {"axis": 1})], {"a": a, "b": b, "c": c})

@@ -89,6 +89,7 @@ def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset dire
     t.add_row("stable (CoV <= 1%)", f"{s['stable_records_cov_1pct']} ({100 * s['stable_fraction']:.1f}%)")
     t.add_row("stable (CoV <= 5%)", str(s["stable_records_cov_5pct"]))
     t.add_row("median CoV", f"{100 * s['median_cov']:.2f}%")
+    t.add_row("stable (MAD/median <= 1%)", str(s["stable_records_mad_1pct"]))
     t.add_row("leaves per program (min/median/max)", f"{s['leaves'].get('min')}/{s['leaves'].get('median')}/{s['leaves'].get('max')}")
     for k, v in s["network_latency_s"].items():
         t.add_row(f"network {k}", f"{v * 1e3:.3f} ms")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..plan.candidates import Candidate
 
 PROGRAM_KIND = "korch_kernel"
-COST_VERSION = 2  # bump when the kernels/schedules change so old timings are not reused
+COST_VERSION = 3  # bump when the kernels/schedules change so old timings are not reused
 
 
 class MeasuredCost:

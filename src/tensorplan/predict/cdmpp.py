@@ -517,7 +517,10 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
                                          nn.Linear(hidden, emb_dim))
             self.mlp_dev = nn.Sequential(nn.Linear(dev_dim, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                                          nn.Linear(64, emb_dim))
-            self.bn0 = nn.BatchNorm1d(emb_dim, affine=False)
+            # shared non-affine normalisation of both branches, then add (reference: BatchNorm1d). Per
+            # sample (LayerNorm), because a batch of one device has constant zd, which batch norm
+            # maps to exactly 0 in training and to something else in eval mode.
+            self.norm0 = nn.LayerNorm(emb_dim, elementwise_affine=False)
             self.mlp_reg = nn.Sequential(nn.Linear(emb_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
                                          nn.Tanh())
             self.head = nn.Linear(hidden, 1)
@@ -534,7 +537,7 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
             cnt = vm.sum(1).clamp(min=1.0)
             pooled = torch.cat([s / cnt, s / 8.0], dim=1)  # mean | scaled sum over valid leaves
             z = self.mlp_emb(pooled)
-            z = self.bn0(z) + self.bn0(self.mlp_dev(dev))
+            z = self.norm0(z) + self.norm0(self.mlp_dev(dev))
             return self.mlp_reg(z)
 
         def forward(self, x, pos, valid, dev):
@@ -552,10 +555,10 @@ class CDMPP(Estimator):
 
     def __init__(self, d_model: int = 96, n_layers: int = 2, n_heads: int = 4, d_ff: int = 192,
                  dropout: float = 0.05, emb_dim: int = 64, hidden: int = 192, max_leaves: int = 64,
-                 max_pos: int = 1024, use_pe: bool = True, target: str = "boxcox",
+                 max_pos: int = 1024, use_pe: bool = True, target: str = "log",
                  lr: float = 1e-3, weight_decay: float = 1.307e-5, batch_size: int = 600,
                  epochs: int = 60, max_time_s: float | None = None, cycle_epochs: float = 10.0,
-                 w_mse: float = 1.0, w_mape: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
+                 w_mse: float = 1.0, w_mape: float = 1.0, ape_cap: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
                  cmd_batch: int = 256, grad_clip: float = 2.0, finetune_steps: int = 300,
                  finetune_lr: float = 3e-4, seed: int = 0, threads: int | None = None,
                  verbose: bool = False):
@@ -564,6 +567,7 @@ class CDMPP(Estimator):
         self.max_leaves, self.max_pos, self.use_pe, self.target = max_leaves, max_pos, use_pe, target
         self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
         self.max_time_s, self.cycle_epochs = max_time_s, cycle_epochs
+        self.ape_cap = ape_cap
         self.w_mse, self.w_mape, self.cmd_alpha, self.cmd_k, self.cmd_batch = w_mse, w_mape, cmd_alpha, cmd_k, cmd_batch
         self.grad_clip, self.finetune_steps, self.finetune_lr = grad_clip, finetune_steps, finetune_lr
         self.seed, self.threads, self.verbose = seed, threads, verbose
@@ -593,7 +597,9 @@ class CDMPP(Estimator):
         mse = torch.mean((pred - y_norm) ** 2)
         if self.w_mape:
             p_s = self.ytf.inverse_torch(pred)
-            mape = torch.mean(torch.abs(p_s - y_s) / y_s).float()
+            # APE capped at `ape_cap`: an over-prediction by 100x must not outweigh everything else
+            # (MSE in the normalised space already pulls such outliers in)
+            mape = torch.mean(torch.clamp(torch.abs(p_s - y_s) / y_s, max=self.ape_cap)).float()
             return self.w_mse * mse + self.w_mape * mape
         return self.w_mse * mse
 
@@ -653,8 +659,8 @@ class CDMPP(Estimator):
         # CyclicLR as in §2.5 (base lr/10 .. max lr, triangular, stepped every batch)
         sched = torch.optim.lr_scheduler.CyclicLR(opt, base_lr=lr / 10, max_lr=lr, step_size_up=cycle_steps // 2,
                                                   mode="triangular", cycle_momentum=False)
-        y_norm_all = torch.from_numpy(self.ytf.transform(tr.latency_s))
-        y_s_all = torch.from_numpy(tr.latency_s)
+        y_norm_all = torch.from_numpy(np.array(self.ytf.transform(tr.latency_s)))
+        y_s_all = torch.from_numpy(np.array(tr.latency_s, np.float64))
         use_cmd = target is not None and len(target) > 1 and self.cmd_alpha > 0
         if use_cmd:
             self._check_dev(target)

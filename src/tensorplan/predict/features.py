@@ -130,24 +130,33 @@ def positional_encoding(positions: np.ndarray | Sequence[int], dim: int = FEATUR
 
 # --------------------------------------------------------------------------- lowering
 
-_PIPELINE = None
+_PIPELINES: dict[bool, Any] = {}
 
 
-def _pipeline():
-    """TVM PerStoreFeature's preprocessing (minus SimplifyForFeatureExtraction, emulated in the walk)."""
-    global _PIPELINE
-    if _PIPELINE is None:
+def _pipeline(is_gpu: bool = False):
+    """TVM PerStoreFeature's preprocessing (its SimplifyForFeatureExtraction is emulated in the walk).
+
+    On CPU the GPU-only passes (cross-thread reduction, auto-copy, thread-binding unification) and
+    the first of TVM's two Simplify passes are left out: on CPU programs they do not change the
+    result (checked by tests/test_features.py against PerStoreFeature) and lowering is ~2.5x faster.
+    """
+    p = _PIPELINES.get(is_gpu)
+    if p is None:
         import tvm
         from tvm import s_tir, tirx
         st = s_tir.transform
-        _PIPELINE = tvm.ir.transform.Sequential([
-            st.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True),
-            st.LowerCrossThreadReduction(), st.LowerInitBlock(),
-            st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
-            st.CompactBufferAllocation(), tirx.transform.StmtSimplify(), st.LowerAutoCopy(),
-            st.UnifyThreadBinding(), st.LowerMatchBuffer(), tirx.transform.StmtSimplify(),
-        ])
-    return _PIPELINE
+        if is_gpu:
+            passes = [st.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True),
+                      st.LowerCrossThreadReduction(), st.LowerInitBlock(),
+                      st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
+                      st.CompactBufferAllocation(), tirx.transform.StmtSimplify(), st.LowerAutoCopy(),
+                      st.UnifyThreadBinding(), st.LowerMatchBuffer(), tirx.transform.StmtSimplify()]
+        else:
+            passes = [st.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True), st.LowerInitBlock(),
+                      st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
+                      st.CompactBufferAllocation(), st.LowerMatchBuffer(), tirx.transform.StmtSimplify()]
+        p = _PIPELINES[is_gpu] = tvm.ir.transform.Sequential(passes)
+    return p
 
 
 def _as_module(prog: Any):
@@ -164,9 +173,9 @@ def _as_module(prog: Any):
     raise TensorplanError(f"compact_ast: expected a PrimFunc, IRModule or Schedule, got {type(prog).__name__}")
 
 
-def lower_for_features(prog: Any):
+def lower_for_features(prog: Any, is_gpu: bool = False):
     """Lower a scheduled program for featurisation; returns the lowered PrimFunc."""
-    mod = _pipeline()(_as_module(prog))
+    mod = _pipeline(is_gpu)(_as_module(prog))
     funcs = [f for _, f in mod.functions.items() if hasattr(f, "body")]
     if len(funcs) != 1:
         from ..errors import TensorplanError
@@ -778,7 +787,7 @@ def compact_ast(prog: Any, *, lowered: bool = False, is_gpu: bool = False) -> Co
     `prog`: a scheduled `PrimFunc`, an `IRModule` holding one, or an `s_tir.Schedule`.
     Set `lowered=True` if it already went through `lower_for_features`.
     """
-    func = prog if lowered else lower_for_features(prog)
+    func = prog if lowered else lower_for_features(prog, is_gpu)
     w = _Walker(_types(), is_gpu=is_gpu)
     w.run(func)
     return w.finish()
@@ -801,7 +810,7 @@ def featurize_many(progs: Iterable[Any], *, is_gpu: bool = False) -> list[Compac
                 from ..errors import TensorplanError
                 raise TensorplanError(f"featurize_many: program {s + k} has {len(fs)} PrimFuncs, expected 1")
             funcs[f"f{k}"] = fs[0].with_attr("global_symbol", f"f{k}")
-        low = _pipeline()(tvm.IRModule(funcs))
+        low = _pipeline(is_gpu)(tvm.IRModule(funcs))
         for k in range(len(chunk)):
             w = _Walker(T, is_gpu=is_gpu)
             w.run(low[f"f{k}"])

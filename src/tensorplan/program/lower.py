@@ -757,29 +757,75 @@ def _strip_unit(shape):
     return [d for d in shape if d != 1]
 
 
+def _reshape_groups(out_shape, in_shape):
+    """Split a reshape into independent groups of dims with equal products, e.g.
+    (64, 112, 2, 112, 2) -> (64, 224, 224) is [64]->[64], [112,2]->[224], [112,2]->[224].
+    Returns [(out_dims, in_dims)] as index lists, or None when shapes do not line up."""
+    groups = []
+    i = j = 0
+    no, ni = len(out_shape), len(in_shape)
+    while i < no or j < ni:
+        go, gi = [], []
+        po = pi = 1
+        # take at least one dim from each side (unit dims attach to the current group)
+        if i < no:
+            go.append(i)
+            po *= out_shape[i]
+            i += 1
+        if j < ni:
+            gi.append(j)
+            pi *= in_shape[j]
+            j += 1
+        while po != pi:
+            if po < pi and i < no:
+                go.append(i)
+                po *= out_shape[i]
+                i += 1
+            elif pi < po and j < ni:
+                gi.append(j)
+                pi *= in_shape[j]
+                j += 1
+            else:
+                return None
+        # trailing unit dims join this group
+        while i < no and out_shape[i] == 1 and (j >= ni or in_shape[j] != 1):
+            go.append(i)
+            i += 1
+        while j < ni and in_shape[j] == 1 and (i >= no or out_shape[i] != 1):
+            gi.append(j)
+            j += 1
+        groups.append((go, gi))
+    return groups
+
+
 def _reshape_index(out_idx, out_shape, in_shape):
-    """Map an output index of a reshape to the input index (row-major)."""
+    """Map an output index of a reshape to the input index (row-major), group by group so
+    that div/mod only appear where dims really merge or split (by constants)."""
     tvm = _t()
     zero = tvm.tirx.const(0, "int32")
-    if _strip_unit(out_shape) == _strip_unit(in_shape):
-        nz = [v for v, d in zip(out_idx, out_shape) if d != 1]
-        res, k = [], 0
-        for d in in_shape:
-            if d == 1:
-                res.append(zero)
-            else:
-                res.append(nz[k])
-                k += 1
-        return res
-    # common prefix/suffix dims map directly; flatten only the middle
-    lin = zero
-    for v, d in zip(out_idx, out_shape):
-        lin = lin * d + v
-    res = []
-    for d in reversed(in_shape):
-        res.append(tvm.tirx.floormod(lin, d) if d != 1 else zero)
-        lin = tvm.tirx.floordiv(lin, d) if d != 1 else lin
-    return list(reversed(res))
+    groups = _reshape_groups(list(out_shape), list(in_shape))
+    if groups is None:
+        groups = [(list(range(len(out_shape))), list(range(len(in_shape))))]
+    res = [zero] * len(in_shape)
+    for go, gi in groups:
+        od = [k for k in go if out_shape[k] != 1]
+        idd = [k for k in gi if in_shape[k] != 1]
+        if len(od) == 1 and len(idd) == 1:
+            res[idd[0]] = out_idx[od[0]]
+            continue
+        if [out_shape[k] for k in od] == [in_shape[k] for k in idd]:
+            for a, b in zip(od, idd):
+                res[b] = out_idx[a]
+            continue
+        lin = zero
+        for k in od:
+            lin = lin * out_shape[k] + out_idx[k]
+        stride = 1
+        for k in reversed(idd):
+            v = tvm.tirx.floordiv(lin, stride) if stride != 1 else lin
+            res[k] = tvm.tirx.floormod(v, in_shape[k]) if k != idd[0] else v
+            stride *= in_shape[k]
+    return res
 
 
 @_reg("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -909,7 +955,15 @@ def _gather(ctx, node):
     ax = int(node.attrs.get("axis", 0)) % len(ishp)
     oshp = _out_shape(ctx, node)
     if not ctx.is_const(ind):
-        raise ctx.err("Gather needs constant indices (data-dependent gather is opaque)")
+        # data-dependent (e.g. embedding lookup): indices are a runtime input; clamp for safety
+        q = len(ctx.shape(ind))
+
+        def fdyn(i):
+            raw = ctx.load(ind, list(i[ax:ax + q])).astype("int32")
+            g = tvm.tirx.Select(raw < 0, raw + ishp[ax], raw)
+            g = tvm.te.max(tvm.te.min(g, ishp[ax] - 1), 0)
+            return ctx.load(x, list(i[:ax]) + [g] + list(i[ax + q:]))
+        return _compute(ctx, oshp, fdyn, "Gather")
     idx = np.asarray(ctx.const(ind)).astype(np.int64)
     idx = np.where(idx < 0, idx + ishp[ax], idx)
     if idx.min(initial=0) < 0 or idx.max(initial=0) >= ishp[ax]:

@@ -112,13 +112,29 @@ def _vectorize_rf_lane(sch, rf) -> None:
         pass
 
 
+INNER_MIN = 64  # the vectorised inner loop covers the smallest suffix of dims with >= this many elements
+
+
 def _schedule_spatial_root(sch, block, parallel: bool | None, threads: int):
+    """Outer dims fused and parallel, the innermost dims (a suffix with >= INNER_MIN elements)
+    fused and vectorised. Not one flat loop: index math of broadcast operands ([C,1,1]
+    scales, pads, layout maps) then stays loop-invariant in the vector loop instead of
+    becoming a per-lane div/mod gather."""
     loops = sch.get_loops(block)
     if not loops:
         return
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    n = _extent(sch, fused)
-    outer, _inner = _vectorize_tail(sch, fused)
+    ext = [_extent(sch, x) for x in loops]
+    n = _prod(ext)
+    k = len(loops) - 1
+    while k > 0 and _prod(ext[k:]) < INNER_MIN:
+        k -= 1
+    inner_l, outer_l = loops[k:], loops[:k]
+    inner = sch.fuse(*inner_l) if len(inner_l) > 1 else inner_l[0]
+    io, _ii = _vectorize_tail(sch, inner)
+    if outer_l:
+        outer = sch.fuse(*outer_l) if len(outer_l) > 1 else outer_l[0]
+    else:
+        outer = io
     if outer is not None and _want_parallel(parallel, n, _extent(sch, outer), threads):
         sch.parallel(outer)
 
@@ -191,8 +207,6 @@ def _schedule_reduction_root(sch, block, hint: dict | None, parallel: bool | Non
     outer = sch.fuse(*head) if len(head) > 1 else (head[0] if head else None)
     inner = sch.fuse(*inner_s) if len(inner_s) > 1 else inner_s[0]
     outer_ext = _extent(sch, outer) if outer is not None else 1
-    if outer_ext >= 2 * threads or outer is None or outer_ext == 1:
-        pass
     if outer is not None and outer_ext >= 2 * threads:
         if _want_parallel(parallel, work, outer_ext, threads):
             sch.parallel(outer)

@@ -1,0 +1,91 @@
+"""Featurisation throughput (programs/s) of the CDMPP compact-AST featurizer on real dataset programs.
+
+Measures, interleaved over `--rounds` rounds (median reported, machine load recorded):
+  lower      TVM lowering pipeline only (tensorplan.predict.features.lower_for_features)
+  walk       our Python walk (tree + 164-d leaves) on pre-lowered TIR
+  compact    compact_ast() per program = lower + walk
+  many       featurize_many() (batched lowering)
+  tvm_pst    TVM's C++ meta_schedule PerStoreFeature (its own lowering + features, no tree);
+             a hybrid "C++ leaves + Python tree" path would cost at least tvm_pst + lower + a tree walk.
+
+    .venv/bin/python bench/features_speed.py --n 200 --out bench/results/features_speed.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None, help="dataset directory (default: committed data/cdmpp)")
+    ap.add_argument("--n", type=int, default=200, help="programs to featurise")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="bench/results/features_speed.json")
+    a = ap.parse_args()
+
+    import numpy as np
+    from tensorplan.predict import dataset as D
+    from tensorplan.predict import features as F
+
+    ds = D.load_dataset(a.data)
+    rng = np.random.default_rng(0)
+    progs = ds.records.drop_duplicates("prog_idx")
+    pick = rng.choice(len(progs), size=min(a.n, len(progs)), replace=False)
+    schs = [D.record_schedule(ds, int(progs.iloc[i]["record_id"])) for i in pick]
+    mods = [s.mod for s in schs]
+    n = len(mods)
+    F.tvm_per_store_feature(schs[0])       # warm: TuneContext import
+    F.compact_ast(mods[0])
+
+    res: dict[str, list[float]] = {k: [] for k in ("lower", "walk", "compact", "many", "tvm_pst")}
+    leaves = []
+    for _ in range(a.rounds):
+        t = time.perf_counter(); low = [F.lower_for_features(m) for m in mods]; res["lower"].append(n / (time.perf_counter() - t))
+        t = time.perf_counter(); out = [F.compact_ast(x, lowered=True) for x in low]; res["walk"].append(n / (time.perf_counter() - t))
+        t = time.perf_counter(); [F.compact_ast(m) for m in mods]; res["compact"].append(n / (time.perf_counter() - t))
+        t = time.perf_counter(); F.featurize_many(mods); res["many"].append(n / (time.perf_counter() - t))
+        t = time.perf_counter(); [F.tvm_per_store_feature(s) for s in schs]; res["tvm_pst"].append(n / (time.perf_counter() - t))
+        leaves = [o.n_leaves for o in out]
+    summary = {k: {"median_programs_per_s": statistics.median(v), "all": v} for k, v in res.items()}
+
+    # cross-check against TVM's PerStoreFeature on the same real programs: our row of each buffer's
+    # last non-constant store vs TVM's row for that buffer, and the summed ("pack-sum") vectors
+    xc = {"programs": n, "rows_match": 0, "sum_match": 0, "shape_mismatch": 0,
+          "group_max_abs_diff": {g: 0.0 for g in F.FEATURE_GROUPS}, "group_programs_exact": {g: 0 for g in F.FEATURE_GROUPS}}
+    for s_, m in zip(schs, mods):
+        mine = F.rows_like_tvm(F.compact_ast(m))
+        ref = F.tvm_per_store_feature(s_)
+        if mine.shape != ref.shape:
+            xc["shape_mismatch"] += 1
+            continue
+        xc["rows_match"] += bool(np.allclose(mine, ref, atol=2e-3, rtol=1e-4))
+        xc["sum_match"] += bool(np.allclose(mine.sum(0), ref.sum(0), atol=1e-2, rtol=1e-4))
+        for g, (lo, hi) in F.FEATURE_GROUPS.items():
+            d = float(np.abs(mine[:, lo:hi] - ref[:, lo:hi]).max()) if len(mine) else 0.0
+            xc["group_max_abs_diff"][g] = max(xc["group_max_abs_diff"][g], d)
+            xc["group_programs_exact"][g] += d <= 2e-3
+    report = {
+        "bench": "features_speed", "programs": n, "rounds": a.rounds,
+        "leaves_per_program_median": statistics.median(leaves) if leaves else 0,
+        "results": summary, "crosscheck_vs_tvm_per_store_feature": xc,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "python": platform.python_version()},
+        "created": time.time(),
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(report, indent=1))
+    for k, v in summary.items():
+        print(f"{k:8s} {v['median_programs_per_s']:8.1f} programs/s")
+    print(f"cross-check vs TVM PerStoreFeature: rows match {xc['rows_match']}/{n}, sums match {xc['sum_match']}/{n}, "
+          f"row-count mismatch {xc['shape_mismatch']}; per group exact: {xc['group_programs_exact']}")
+    print(f"load average {os.getloadavg()}; wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
