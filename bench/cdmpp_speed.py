@@ -24,6 +24,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--max-cov", type=float, default=0.05)
     ap.add_argument("--out", default="bench/results/cdmpp_speed.json")
+    ap.add_argument("--variants", default="cmd", help="comma list of: cmd, no_cmd")
     a = ap.parse_args()
     from tensorplan.predict.cdmpp import CDMPP, as_arrays
     from tensorplan.predict.dataset import load_dataset
@@ -34,11 +35,13 @@ def main():
     rng = np.random.default_rng(0)
     idx = rng.choice(len(arr), size=a.records, replace=len(arr) < a.records)
     big = arr.subset(idx)
-    half = big.subset(np.arange(len(big) // 10))
+    half = big.subset(np.arange(len(big) // 10))  # unlabelled "target domain" for CMD
     half.latency_s = None
-    out = {"real_records": len(arr), "train_records": len(big), "resampled": bool(len(arr) < a.records),
+    out = {"data": ds.path, "max_cov": a.max_cov, "real_records": len(arr), "train_records": len(big), "resampled": bool(len(arr) < a.records),
            "leaves_mean": float(big.n_leaves.mean()), "leaves_max": int(big.n_leaves.max()), "runs": {}}
     for name, target in (("no_cmd", None), ("cmd", half)):
+        if name not in a.variants.split(","):
+            continue
         m = CDMPP(epochs=a.epochs)
         t0 = time.perf_counter()
         m.fit(big, target=target)

@@ -184,7 +184,9 @@ def bench_model(name: str, args, store) -> dict:
 
     cm = MeasuredCost(store=store, device=spec, threads=args.threads, budget_s=args.kernel_budget)
     plans = {}
-    opts = dict(max_nodes=args.max_nodes, time_limit=args.time_limit, progress=not args.no_progress)
+    opts = dict(max_nodes=args.max_nodes, time_limit=args.time_limit, progress=not args.no_progress,
+                linear_epilogue=args.epilogue)
+    res["linear_epilogue"] = args.epilogue
     t0 = time.perf_counter()
     plans["tensorplan"] = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}"), **opts)
     res["optimise_wall_s"] = time.perf_counter() - t0
@@ -316,6 +318,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-nodes", type=int, default=8)
     ap.add_argument("--time-limit", type=float, default=60.0, help="BLP solver time limit (s)")
     ap.add_argument("--store", default=None, help="measurement store (default: tensorplan's)")
+    ap.add_argument("--epilogue", action=argparse.BooleanOptionalAction, default=True,
+                    help="let a linear primitive absorb an elementwise epilogue (Conv+bias+ReLU as one kernel)")
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--no-relax", action="store_true")
     ap.add_argument("--no-compile", action="store_true")

@@ -138,3 +138,23 @@ def test_boxcox_target_roundtrip_and_bounded(small):
     np.testing.assert_allclose(t.inverse(t.transform(y)), y, rtol=1e-4)
     wild = t.inverse(np.array([-1e6, 1e6]))  # an extrapolating net gets a finite, clipped answer
     assert np.all(np.isfinite(wild)) and wild[0] > 0
+
+
+def test_cdmpp_cost_for_planner(small):
+    """CDMPPCost implements the planner's KernelCost protocol on real fused candidates."""
+    from tensorplan.cost import AnalyticalCost, KernelCost
+    from tensorplan.graph import zoo
+    from tensorplan.graph.fission import fission
+    from tensorplan.plan.candidates import enumerate_candidates
+    from tensorplan.predict.cdmpp import CDMPPCost
+
+    m = CDMPP(epochs=2, batch_size=64, seed=0).fit(as_arrays(small["train"]))
+    prim = fission(zoo.load("tiny-mlp")).graph
+    cands = enumerate_candidates(prim, max_nodes=3)[:12]
+    cm = CDMPPCost(m, device="local", fallback=AnalyticalCost("local"))
+    assert isinstance(cm, KernelCost)
+    costs = cm.cost_many(prim, cands)
+    assert len(costs) == len(cands) and all(np.isfinite(c) and c > 0 for c in costs)
+    assert cm.stats["predicted"] > 0
+    n = cm.stats["predicted"] + cm.stats["fallback"]
+    assert cm.cost(prim, cands[0]) == costs[0] and cm.stats["predicted"] + cm.stats["fallback"] == n  # cached

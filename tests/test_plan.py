@@ -32,7 +32,7 @@ def graph():
 @pytest.fixture(scope="module")
 def planned(graph):
     from tensorplan.graph.fission import fission
-    plan = orchestrate(graph, device=FixedDevice(), cost="analytical")
+    plan = orchestrate("tiny-attention", device=FixedDevice(), cost="analytical")
     return plan, fission(graph).graph
 
 
@@ -198,3 +198,13 @@ def test_cli_orchestrate_json(tmp_path):
     r = CliRunner().invoke(app, ["orchestrate", "--help"])
     assert r.exit_code == 0 and "--no-recompute" in r.stdout
     assert np.isfinite(plan.predicted_s)
+
+
+def test_primitive_graph_is_rederived_and_checked(planned):
+    plan, prim = planned
+    assert plan.source["model"] == "tiny-attention"
+    assert plan.primitive_graph().fingerprint() == prim.fingerprint()
+    stale = copy.deepcopy(plan)
+    stale.source["prim_fingerprint"] = "0" * 16
+    with pytest.raises(PlanError, match="re-run `tensorplan orchestrate`"):
+        stale.primitive_graph()

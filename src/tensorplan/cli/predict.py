@@ -29,15 +29,17 @@ def register(app: typer.Typer) -> None:
         ship: bool = typer.Option(False, "--ship", help="Save to the packaged weights (predict/weights/cdmpp-local.pt)."),
         epochs: int = typer.Option(400, "--epochs", help="Maximum epochs."),
         max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds."),
+        max_spread: float = typer.Option(0.01, "--max-spread", help="Keep records whose repeat spread is <= this."),
+        stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Train CDMPP on the measured dataset (stable records, CoV <= 1%) and save it."""
+        """Train CDMPP on the measured dataset (stable records) and save it."""
         from ..paths import cache_dir
         from ..predict.cdmpp import SHIPPED_MODEL, train
 
         dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / "cdmpp.pt")
         _, info = train(data, devices=devices.split(",") if devices else None, out=dest, epochs=epochs,
-                        max_time_s=max_time)
+                        max_time_s=max_time, max_cov=max_spread, stability=stability)
         if json_out:
             print(_dump(info))
             return
@@ -111,6 +113,8 @@ def register(app: typer.Typer) -> None:
         fewshot_tasks: Optional[int] = typer.Option(None, "--fewshot-tasks", help="Tasks selected for few-shot."),
         per_task: int = typer.Option(8, "--per-task", help="Programs per selected task."),
         time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply every model's training budget."),
+        max_spread: float = typer.Option(0.01, "--max-spread", help="Keep records whose repeat spread is <= this."),
+        stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
         json_out: bool = typer.Option(False, "--json", help="Print the result JSON."),
     ) -> None:
         """Train and score CDMPP and the baselines on the same splits; write JSON and a markdown table."""
@@ -118,7 +122,8 @@ def register(app: typer.Typer) -> None:
 
         res = evaluate(data, models=models.split(","), splits=splits.split(","), quick=quick,
                        holdout_networks=holdout.split(",") if holdout else None, fewshot_tasks=fewshot_tasks,
-                       fewshot_per_task=per_task, time_scale=time_scale, log=_log)
+                       fewshot_per_task=per_task, time_scale=time_scale, max_cov=max_spread,
+                       stability=stability, log=_log)
         if out:
             save_results(res, out)
             _log(f"wrote {out}")

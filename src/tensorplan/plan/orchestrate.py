@@ -73,7 +73,9 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
     primitive absorb an elementwise epilogue; `recompute=False` forbids recomputation;
     `cuts` adds the valid BLP cuts; `method` is "blp" (Korch), "greedy" (greedy fusion) or
     "none" (no fusion); `time_limit` bounds the solver (seconds). `progress` shows a progress
-    bar while costing; `log(msg)` receives one line per finished stage."""
+    bar while costing; `log(msg)` receives one line per finished stage. A plan made from a
+    `Graph` records `graph.name` as its model, so `Plan.primitive_graph()` can only re-derive it
+    when that name is a zoo name or ONNX path; pass the spec string when the plan will be run."""
     from ..cost import cost_many
     say = log or (lambda msg: None)
     t_all = time.perf_counter()

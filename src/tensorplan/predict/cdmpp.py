@@ -776,25 +776,73 @@ def load_shipped() -> CDMPP:
 # --------------------------------------------------------------------------------------------
 
 class CDMPPCost:
-    """Predicted kernel latency for the planner: lower the kernel, featurise, ask CDMPP.
+    """Planner cost model (`tensorplan.cost.KernelCost` protocol): predicted kernel latency.
 
-    Caches per (kernel fingerprint, device); only available when `program.lower` is present.
+    `cost(prim, cand)`: lower the candidate (`program.lower`), apply the default schedule
+    (`program.schedule`), featurise its compact AST and ask CDMPP; cached per canonical hash, so a
+    plan's thousands of candidates cost milliseconds each instead of a compile-and-time. Candidates
+    that cannot be lowered to TIR (opaque ops, unsupported primitives) go to `fallback` (another
+    KernelCost, e.g. `cost.AnalyticalCost`; predict sits below cost, so it is passed in) or get
+    `math.inf` when none is given (a singleton without fallback is an error: the planner needs it).
     """
 
-    def __init__(self, model: CDMPP | str | Path | None = None, device: str = "local-2t"):
+    name = "cdmpp"
+
+    def __init__(self, model: "CDMPP | str | Path | None" = None, device: str = "local", fallback=None,
+                 threads: int = 2):
         self.model = load_shipped() if model is None else (
             model if isinstance(model, Estimator) else load_estimator(model))
-        self.device = "local-2t" if device == "local" else device
-        self._cache: dict[Any, float] = {}
+        self.device = resolve_domain(device)
+        self.fallback = fallback
+        self.threads = threads
+        self._cache: dict[str, float] = {}
+        self.stats = {"predicted": 0, "fallback": 0, "featurize_s": 0.0}
 
-    def predict_primfuncs(self, prim_funcs: Sequence[Any]) -> np.ndarray:
-        """Predicted seconds for TIR PrimFuncs (already scheduled)."""
+    def _ast(self, prim, cand):
+        from ..program.lower import lower
+        from ..program.schedule import default_schedule
         from .features import compact_ast
 
-        asts = [compact_ast(f) for f in prim_funcs]
-        arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts],
-                                          device=self.device)
-        return self.model.predict(arr)
+        if getattr(cand, "kind", "") == "opaque":
+            return None
+        try:
+            lowered = lower(cand.graph(prim), list(cand.outputs))
+            return compact_ast(default_schedule(lowered, threads=self.threads))
+        except Exception:  # noqa: BLE001 - not lowerable: fallback
+            return None
+
+    def cost(self, prim, cand) -> float:
+        return self.cost_many(prim, [cand])[0]
+
+    def cost_many(self, prim, cands, progress: bool = False) -> list[float]:
+        todo = [c for c in cands if c.canonical_hash not in self._cache]
+        asts, keep = [], []
+        t0 = time.perf_counter()
+        for c in todo:
+            a = self._ast(prim, c)
+            if a is None or a.n_leaves == 0:
+                if self.fallback is not None:
+                    self._cache[c.canonical_hash] = float(self.fallback.cost(prim, c))
+                elif len(c.nodes) == 1:
+                    raise TensorplanError(f"cdmpp cost: primitive {c.nodes[0]} cannot be lowered to TIR; "
+                                          "pass fallback=AnalyticalCost(...)")
+                else:
+                    self._cache[c.canonical_hash] = math.inf
+                self.stats["fallback"] += 1
+                continue
+            asts.append(a)
+            keep.append(c)
+        self.stats["featurize_s"] += time.perf_counter() - t0
+        if asts:
+            arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts],
+                                              device=self.device)
+            for c, v in zip(keep, self.model.predict(arr)):
+                self._cache[c.canonical_hash] = float(v)
+            self.stats["predicted"] += len(asts)
+        return [self._cache[c.canonical_hash] for c in cands]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "device": self.device, "model": type(self.model).__name__, **self.stats}
 
 
 # --------------------------------------------------------------------------------------------
@@ -811,12 +859,15 @@ def resolve_domain(device: str) -> str:
 
 
 def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | None = None,
-          max_cov: float = 0.01, log=None, **params) -> tuple[CDMPP, dict]:
-    """Train CDMPP on every stable record of `devices` (default: all) of a dataset; save to `out`."""
+          max_cov: float = 0.01, stability: str = "mad", log=None, **params) -> tuple[CDMPP, dict]:
+    """Train CDMPP on every stable record of `devices` (default: all) of a dataset; save to `out`.
+
+    Stability: repeat spread <= max_cov, measured as MAD/median by default (`stability="mad"`): on a
+    shared machine one preempted repeat inflates the CoV of an otherwise well-measured program."""
     from .dataset import load_dataset
 
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
-    ds = ds.filter_stable(max_cov=max_cov)
+    ds = ds.filter_stable(max_cov=max_cov, metric=stability)
     if devices:
         ds = ds.subset(ds.records["device"].isin(list(devices)).to_numpy())
     if len(ds) == 0:
@@ -827,7 +878,7 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     model = CDMPP(**params)
     model.fit(arr.subset(np.flatnonzero(~val_m)), val=arr.subset(np.flatnonzero(val_m)))
     val = arr.subset(np.flatnonzero(val_m))
-    info = {"records": len(arr), "devices": sorted(set(arr.device_name)), "train_time_s": model.train_time_s,
+    info = {"records": len(arr), "stability": f"{stability} <= {max_cov}", "devices": sorted(set(arr.device_name)), "train_time_s": model.train_time_s,
             "val": regression_metrics(model.predict(val), val.latency_s), "epochs_run": len(model.history)}
     if out is not None:
         p = model.save(out)

@@ -50,13 +50,14 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "roofline": lambda: RooflineLinear(),
         }
     else:
+        # budgets (seconds of training on this 2-core CPU) scale with --time-scale
         t = time_scale
         table = {
-            "cdmpp": lambda: CDMPP(epochs=400, max_time_s=420 * t, **dict(seed=seed)),
-            "cdmpp-nocmd": lambda: CDMPP(epochs=400, max_time_s=420 * t, cmd_alpha=0.0, seed=seed),
+            "cdmpp": lambda: CDMPP(epochs=400, max_time_s=240 * t, seed=seed),
+            "cdmpp-nocmd": lambda: CDMPP(epochs=400, max_time_s=240 * t, cmd_alpha=0.0, seed=seed),
             "xgboost": lambda: TenSetXGB(seed=seed),
-            "mlp": lambda: TenSetMLP(epochs=200, max_time_s=180 * t, seed=seed),
-            "tlp": lambda: TLPModel(epochs=100, max_time_s=180 * t, seed=seed),
+            "mlp": lambda: TenSetMLP(epochs=300, max_time_s=90 * t, seed=seed),
+            "tlp": lambda: TLPModel(epochs=200, max_time_s=90 * t, seed=seed),
             "roofline": lambda: RooflineLinear(),
         }
     if name not in table:
@@ -137,8 +138,8 @@ def _network_errors(model: Estimator, data: _Data, networks: Sequence[str] | Non
                     devices: Sequence[str] | None) -> dict:
     """Predicted vs measured whole-network latency (dataset.network_latencies definition)."""
     ds = data.ds
-    measured = ds.network_latencies()
-    best = ds.best_programs()
+    measured = ds.network_latencies(max_cov=None)  # ds is already filtered
+    best = ds.best_programs(max_cov=None)
     rows = best[best["record_id"].isin(list(data.pos))]
     key = {(r.task_key, r.device): data.pos[int(r.record_id)] for r in rows.itertuples()}
     if not key:
@@ -203,22 +204,22 @@ def choose_holdout_networks(ds, min_fraction: float = 0.15, seed: int = 0) -> li
 def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Sequence[str] = SPLITS,
              quick: bool = False, seed: int = 0, holdout_networks: Sequence[str] | None = None,
              source_device: str = "local-2t", target_device: str = "local-1t",
-             fewshot_tasks: int | None = None, fewshot_per_task: int = 8, max_cov: float = 0.01,
-             time_scale: float = 1.0, log: Callable[[str], None] | None = None) -> dict:
+             fewshot_tasks: int | None = None, fewshot_per_task: int = 8, max_cov: float | None = 0.01,
+             stability: str = "mad", time_scale: float = 1.0, log: Callable[[str], None] | None = None) -> dict:
     """Train and score every model on every split; returns the JSON-able result document."""
     from .dataset import load_dataset
 
     log = log or (lambda s: None)
     t_all = time.perf_counter()
     raw = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
-    ds = raw.filter_stable(max_cov=max_cov) if max_cov is not None else raw
+    ds = raw.filter_stable(max_cov=max_cov, metric=stability) if max_cov is not None else raw
     if len(ds) == 0:
-        raise TensorplanError(f"evaluate: no stable records (CoV <= {max_cov}) in '{raw.path}'")
+        raise TensorplanError(f"evaluate: no stable records ({stability} <= {max_cov}) in '{raw.path}'")
     D = _Data(ds)
     res: dict[str, Any] = {
         "format": "tensorplan-cdmpp-eval/1", "quick": quick, "seed": seed,
         "dataset": {"path": raw.path, "records_total": len(raw), "records_stable": len(ds),
-                    "max_cov": max_cov, "tasks": int(ds.records["task_key"].nunique()),
+                    "max_cov": max_cov, "stability": stability, "tasks": int(ds.records["task_key"].nunique()),
                     "devices": {d: int(c) for d, c in ds.records["device"].value_counts().sort_index().items()}},
         "models": list(models), "splits": {}, "goals": dict(GOALS),
     }
@@ -354,7 +355,8 @@ def render_markdown(res: dict) -> str:
     L = []
     d = res["dataset"]
     m = res.get("machine", {})
-    cov = "no CoV filter" if d["max_cov"] is None else f"CoV ≤ {d['max_cov']:.0%}"
+    metric = {"cov": "CoV", "mad": "MAD/median"}.get(d.get("stability", "cov"), "spread")
+    cov = "no stability filter" if d["max_cov"] is None else f"repeat {metric} ≤ {d['max_cov']:.0%}"
     L.append(f"Dataset `{d['path']}`: {d['records_stable']} stable records ({cov}) of "
              f"{d['records_total']}, {d['tasks']} tasks, devices {d['devices']}. Machine: {m.get('cpu', '?')}, "
              f"{m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}; wall time {res.get('wall_time_s', 0) / 60:.1f} min"

@@ -189,6 +189,11 @@ def _slog(x: float) -> float:
     return math.log2(abs(x) + 1.0)
 
 
+def _i64(x: int) -> int:
+    """Wrap to signed 64-bit, as TVM's C++ int64_t arithmetic does."""
+    return ((x + (1 << 63)) % (1 << 64)) - (1 << 63)
+
+
 def _dtype_bytes(dtype: str) -> int:
     s = str(dtype)
     bits = "".join(ch for ch in s.split("x")[0] if ch.isdigit())
@@ -629,12 +634,13 @@ class _Walker:
                         b = an.const_int_bound(mi[d])
                         lo = b.min_value if lo is None else min(lo, b.min_value)
                         hi = b.max_value if hi is None else max(hi, b.max_value)
-                    shape[d] = hi - lo + 1
-                    numel *= hi - lo + 1
+                    ext = _i64(hi - lo + 1)            # int64 arithmetic like TVM (unbounded
+                    shape[d] = ext                      # indices, e.g. if_then_else, wrap around)
+                    numel = _i64(numel * ext)
                 sf["shape"] = shape
                 numel = max(0, numel)
                 sf["numel"][i] = numel
-                tb += numel * sf["bytes_e"]
+                tb = _i64(tb + numel * sf["bytes_e"])
                 touched.setdefault(key, {}).setdefault(sf["buf"], []).append(numel)
                 if is_const:
                     new_const.append((key, sf["buf"], numel))

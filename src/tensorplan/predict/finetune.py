@@ -129,7 +129,7 @@ def finetune_model(model, base, target_pool, n_tasks: int, per_task: int, method
 
 def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, per_task: int = 8,
                     method: str = "kmeans", steps: int = 300, seed: int = 0, out=None,
-                    max_cov: float = 0.01) -> dict:
+                    max_cov: float = 0.01, stability: str = "mad") -> dict:
     """Fine-tune a CDMPP model for `device` from the dataset's records of that domain.
 
     The records of `device` are the pool; `n_tasks` tasks are selected (`method`), `per_task` of their
@@ -145,7 +145,7 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
     if not isinstance(est, CDMPP):
         raise TensorplanError(f"finetune: '{model}' is a {type(est).__name__}, not a CDMPP model")
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
-    ds = ds.filter_stable(max_cov=max_cov)
+    ds = ds.filter_stable(max_cov=max_cov, metric=stability)
     pool_ds = ds.device(dom)
     if len(pool_ds) == 0:
         raise TensorplanError(f"finetune: the dataset has no stable records on '{dom}'; "

@@ -83,6 +83,10 @@ def aligned(t):
     """`t` itself when contiguous and 64-byte aligned (torch allocations are), else an
     aligned copy: a misaligned buffer (e.g. `torch.from_numpy`) would fault in TVM code."""
     import torch
+    if isinstance(t, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(t))
+    elif not isinstance(t, torch.Tensor):
+        t = torch.from_dlpack(t)  # any DLPack producer (TVM tensors, cupy, jax, ...)
     if is_aligned(t):
         return t
     out = torch.empty(t.shape, dtype=t.dtype)
@@ -171,7 +175,8 @@ def compile_lowered(lowered: Lowered, target: Any = None, schedule: dict | None 
 def compile_kernel(sub: Graph, outputs: list[str] | None = None, target: Any = None,
                    schedule: dict | None = None, threads: int | None = None) -> CompiledKernel:
     """Lower + schedule + compile a primitive sub-graph; raises `CompileError` naming the op."""
-    lowered = lower(sub, outputs)
+    tuned = (schedule or {}).get("name") == "tuned"
+    lowered = lower(sub, outputs, use_let=not tuned)
     return compile_lowered(lowered, target=target, schedule=schedule, name=sub.name, threads=threads)
 
 

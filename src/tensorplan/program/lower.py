@@ -185,7 +185,14 @@ def _f(v, dtype):
 # Vectorisable polynomial forms of exp / tanh / erf (LLVM would call libm per lane).
 # The argument is bound once with a `Let`, so an inlined producer is not duplicated
 # into every term of the polynomial.
+_USE_LET = [True]
+
+
 def _let(e, body_fn):
+    """Bind `e` once (a TIR Let); meta_schedule cannot featurise Let, so tuning lowers
+    with substitution instead (`lower(..., use_let=False)`)."""
+    if not _USE_LET[0]:
+        return body_fn(e)
     tvm = _t()
     v = tvm.tirx.Var("t", _dt(e))
     return tvm.tirx.Let(v, e, body_fn(v))
@@ -1213,8 +1220,16 @@ def _matmul(ctx, node):
 # --------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------
-def lower(sub: Graph, outputs: list[str] | None = None) -> Lowered:
+def lower(sub: Graph, outputs: list[str] | None = None, use_let: bool = True) -> Lowered:
     """Lower a primitive sub-graph to a TIR PrimFunc materialising only `outputs`."""
+    _USE_LET[0] = use_let
+    try:
+        return _lower(sub, outputs)
+    finally:
+        _USE_LET[0] = True
+
+
+def _lower(sub: Graph, outputs: list[str] | None = None) -> Lowered:
     tvm = _t()
     te = tvm.te
     outputs = list(outputs or sub.outputs)
