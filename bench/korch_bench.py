@@ -190,6 +190,9 @@ def bench_model(name: str, args, store) -> dict:
     t0 = time.perf_counter()
     plans["tensorplan"] = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}"), **opts)
     res["optimise_wall_s"] = time.perf_counter() - t0
+    plan_dir = cache_dir() / "plans"
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    res["plan_path"] = str(plans["tensorplan"].save(plan_dir / f"{name}.json"))
     res["cost_stats"] = dict(cm.stats)
     prims = {"tensorplan": fission(g).graph}
     if not args.no_ablations:

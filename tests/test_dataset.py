@@ -82,6 +82,8 @@ def test_collect_export_load_roundtrip(tmp_path):
     for i in range(len(r)):
         assert ds.leaves[i].shape == (r["n_leaves"][i], 164)
         assert len(ds.positions[i]) == r["n_leaves"][i]
+        pre = ds.preorders[i]
+        assert all(pre[p] >= 0 and pre[p + 1] == -1 for p in ds.positions[i])   # positions point at leaves
     assert all(dict(n).get("tiny-mlp", 0) >= 1 for n in r["networks"])
     # the stored trace replays to the program whose features were stored
     sch = D.record_schedule(ds, 0)

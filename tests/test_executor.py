@@ -99,3 +99,22 @@ def test_plan_json_roundtrip_and_cli_run(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["ok"] is True and d["kernels"] == len(plan.kernels) and d["median_s"] > 0
+
+
+def test_unbuildable_backend_falls_back_with_a_note():
+    g = Graph("conv", 17)
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    g.add_tensor(Tensor("x", (1, 3, 8, 8)))
+    g.add_tensor(Tensor("w", w.shape, "float32", w))
+    g.add_tensor(Tensor("y", (1, 4, 8, 8)))
+    g.inputs, g.outputs = ["x"], ["y"]
+    g.add_node(Node("c", "Conv", ["x", "w"], ["y"], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}))
+    k = PlanKernel(id="k0", nodes=["c"], inputs=["x"], outputs=["y"], kind="linear", backend="tvm")
+    plan = Plan(source={"model": "conv"}, device={}, kernels=[k], order=["k0"])
+    plan_buffers(plan, g)
+    ex = PlanExecutor(plan, g)
+    assert ex.slots[0].backend == "ort" and "tvm" in ex.slots[0].notes[0]
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    y = ex.run({"x": x})["y"]
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)

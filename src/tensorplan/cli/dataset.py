@@ -67,13 +67,14 @@ def export(store: Optional[Path] = _STORE_OPT,
 
 @dataset_app.command("stats")
 def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: the committed data/cdmpp/)."),
-          max_cov: float = typer.Option(0.01, "--max-cov", help="CoV threshold for 'stable' network latencies."),
+          max_cov: float = typer.Option(0.01, "--max-cov", help="Spread threshold for stable records (network latencies)."),
+          metric: str = typer.Option("cov", "--metric", help="Spread measure: cov (std/mean, CDMPP) or mad (MAD/median)."),
           json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Counts (records, programs, tasks, networks, devices), stability, and measured network latencies."""
     from ..predict.dataset import load_dataset
     ds = load_dataset(data)
     s = ds.stats()
-    nl = ds.network_latencies(max_cov=max_cov)
+    nl = ds.network_latencies(max_cov=max_cov, metric=metric)
     s["network_latency_s"] = {f"{n}@{d}": v for (n, d), v in sorted(nl.items())}
     if json_out:
         print(json.dumps(s, indent=1))

@@ -1,18 +1,25 @@
 """`MeasuredCost`: compile every candidate kernel and time it on this machine (Korch's profiler).
 
 Per candidate kind:
-- memory (elementwise/reduce/layout): TVM with the default schedule; a single primitive
-  TVM cannot lower runs through ONNX Runtime (so singletons are always finite); for
-  singletons ONNX Runtime is also timed and the faster one kept;
-- linear: ONNX Runtime (MLAS) and PyTorch (oneDNN/MKL), the fastest wins (Korch's min
-  over profilers);
+- memory (elementwise/reduce/layout): TVM with the default schedule (and serial, for
+  mid-sized outputs); a single primitive TVM cannot lower runs through ONNX Runtime (so
+  singletons are always finite); for singletons ONNX Runtime is also timed;
+- linear: ONNX Runtime (MLAS) and PyTorch (oneDNN/MKL);
 - opaque: ONNX Runtime.
+ONNX Runtime is timed at full threads and at one thread. The fastest variant wins
+(Korch's min over profilers) and is recorded as the plan kernel's backend + schedule.
 
 Costs are cached in the measurement `Store` keyed by the candidate's canonical hash
 (+ the kind and thread count) and the device key, and written as soon as each is
 measured: a killed profiling job resumes where it stopped, and repeated blocks (12
 BERT layers) are measured once. `kernel_info` tells the planner which backend won,
 so the plan's executor rebuilds exactly the kernel that was timed.
+
+Statistic: the cost is the *minimum* over repeats (each repeat averages >= 0.2 ms of
+back-to-back calls) by default, not the median: on a shared 2-core machine other jobs'
+bursts inflate whole timing windows, and the minimum is what the kernel costs when it
+has the cores (pass `statistic="median"` for Korch's mean-like figure). Memory-bound
+kernels whose time per byte is far above their peers' are timed once more.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ if TYPE_CHECKING:
     from ..plan.candidates import Candidate
 
 PROGRAM_KIND = "korch_kernel"
-COST_VERSION = 3  # bump when the kernels/schedules change so old timings are not reused
+COST_VERSION = 4  # bump when the kernels/schedules change so old timings are not reused
 
 
 class MeasuredCost:
@@ -37,7 +44,7 @@ class MeasuredCost:
 
     def __init__(self, store: Any = None, device: Any = "local", threads: int = 2, budget_s: float = 0.05,
                  linear_backends: tuple[str, ...] = ("ort", "torch"), singleton_ort: bool = True,
-                 tag: str = "", remeasure: bool = False):
+                 tag: str = "", remeasure: bool = False, statistic: str = "min", outlier_factor: float = 4.0):
         from ..devices import resolve
         from ..measure.store import Store
         self.store = store if isinstance(store, Store) else Store(store)
@@ -49,8 +56,12 @@ class MeasuredCost:
         self.singleton_ort = singleton_ort
         self.tag = tag
         self.remeasure = remeasure
+        if statistic not in ("min", "median"):
+            raise TensorplanError(f"MeasuredCost: statistic must be 'min' or 'median', not '{statistic}'")
+        self.statistic = statistic
+        self.outlier_factor = float(outlier_factor)
         self._info: dict[str, dict] = {}   # canonical hash -> {"backend", "schedule", ...}
-        self.stats = {"measured": 0, "cached": 0, "failed": 0, "compile_s": 0.0, "measure_s": 0.0}
+        self.stats = {"measured": 0, "cached": 0, "failed": 0, "remeasured": 0, "compile_s": 0.0, "measure_s": 0.0}
 
     # -- protocol -------------------------------------------------------------------------
     def cost(self, prim: Graph, cand: "Candidate") -> float:
@@ -81,7 +92,28 @@ class MeasuredCost:
             finally:
                 if bar is not None:
                     bar[0].stop()
+            if self.outlier_factor > 0:
+                self._remeasure_outliers(prim, [(k, c, pk) for k, c, pk in todo], out)
         return out
+
+    def _remeasure_outliers(self, prim: Graph, items: list, out: list[float]) -> None:
+        """Time again the kernels whose latency per byte is `outlier_factor` x above the median of
+        their kind: on a shared machine one timing window can fall into another job's burst."""
+        from ..cost import kernel_work
+        ratios = {}
+        for k, c, pk in items:
+            if math.isfinite(out[k]) and c.kind == "memory":
+                _, nbytes = kernel_work(prim, c)
+                if nbytes > 0:
+                    ratios[k] = out[k] / nbytes
+        if len(ratios) < 8:
+            return
+        med = sorted(ratios.values())[len(ratios) // 2]
+        for k, c, pk in items:
+            if k in ratios and ratios[k] > self.outlier_factor * med and out[k] > 2e-5:
+                again = self._measure_one(prim, c, pk, keep_best_of=out[k])
+                self.stats["remeasured"] += 1
+                out[k] = min(out[k], again)
 
     def kernel_info(self, prim: Graph, cand: "Candidate") -> dict:
         """Backend and schedule of the kernel that was timed (for the plan)."""
@@ -108,13 +140,13 @@ class MeasuredCost:
         self._info[c.canonical_hash] = {"backend": ex.get("backend", ""), "schedule": ex.get("schedule") or {}}
         if ex.get("failed"):
             return math.inf
-        return float(rec["median_s"])
+        return float(rec["min_s"] if self.statistic == "min" else rec["median_s"])
 
-    def _measure_one(self, prim: Graph, c: "Candidate", pk: str) -> float:
+    def _measure_one(self, prim: Graph, c: "Candidate", pk: str, keep_best_of: float | None = None) -> float:
         from ..measure.timer import Timing
         sub = c.graph(prim)
         outputs = list(c.outputs)
-        backends = self._backends_for(c)
+        backends = self._backends_for(c, sub)
         t0 = time.perf_counter()
         times: dict[str, float] = {}
         timings: dict[str, Timing] = {}
@@ -128,9 +160,11 @@ class MeasuredCost:
             except Exception as e:  # noqa: BLE001 - a crashing kernel is unavailable, not fatal
                 errors[b] = f"{type(e).__name__}: {str(e)[:300]}"
                 continue
-            times[b] = tm.median_s
+            times[b] = tm.min_s if self.statistic == "min" else tm.median_s
             timings[b] = tm
         self.stats["measure_s"] += time.perf_counter() - t0
+        if not times and keep_best_of is not None:
+            return keep_best_of
         if not times:
             self.stats["failed"] += 1
             extra = {"failed": True, "errors": errors, "backend": "", "backends": backends}
@@ -139,27 +173,56 @@ class MeasuredCost:
             self._info[c.canonical_hash] = {"backend": "", "schedule": {}}
             return math.inf
         best = min(times, key=times.get)
-        sched = {"name": "default"} if best == "tvm" else ({"spinning": False} if best == "ort" else {})
-        extra = {"backend": best, "schedule": sched, "times": times, "errors": errors or None}
+        if keep_best_of is not None and keep_best_of <= times[best]:
+            return keep_best_of  # the first timing stands (already in the store)
+        backend, sched = self._variant(best)
+        extra = {"backend": backend, "variant": best, "schedule": sched, "times": times, "errors": errors or None,
+                 "statistic": self.statistic}
         self.store.put_measurement(pk, self.dev_key, timings[best], self.tag, extra)
         self.stats["measured"] += 1
-        self._info[c.canonical_hash] = {"backend": best, "schedule": sched}
+        self._info[c.canonical_hash] = {"backend": backend, "schedule": sched}
         return times[best]
 
-    def _backends_for(self, c: "Candidate") -> list[str]:
+    def _backends_for(self, c: "Candidate", sub: Graph | None = None) -> list[str]:
+        """Variants to time, as "backend[:variant]": ORT at full and at one thread (a kernel
+        too small to split pays more for waking a worker than it gains), TVM with its default
+        (parallel) schedule and, for mid-sized outputs, serial."""
+        ort = ["ort", "ort:1t"] if self.threads > 1 else ["ort"]
         if c.kind == "linear":
-            return list(self.linear_backends)
+            out = []
+            for b in self.linear_backends:
+                out += ort if b == "ort" else [b]
+            return out
         if c.kind == "opaque":
-            return ["ort"]
+            return ort
+        tvm = ["tvm"]
+        if sub is not None and self.threads > 1:
+            n = sum(sub.tensors[o].numel for o in c.outputs)
+            if 4096 <= n <= (1 << 19):
+                tvm.append("tvm:serial")
         if len(c.nodes) == 1 and self.singleton_ort:
-            return ["tvm", "ort"]
-        return ["tvm"]
+            return tvm + ort
+        return tvm
 
-    def _time_backend(self, sub: Graph, outputs: list[str], backend: str):
+    @staticmethod
+    def _variant(name: str) -> tuple[str, dict]:
+        """"ort:1t" -> ("ort", {"threads": 1, "spinning": False}), "tvm:serial" -> TVM, no parallel."""
+        if name == "ort":
+            return "ort", {"spinning": False}
+        if name == "ort:1t":
+            return "ort", {"threads": 1, "spinning": False}
+        if name == "tvm":
+            return "tvm", {"name": "default"}
+        if name == "tvm:serial":
+            return "tvm", {"name": "default", "parallel": False}
+        return name, {}
+
+    def _time_backend(self, sub: Graph, outputs: list[str], variant: str):
         from ..measure.timer import measure
         from ..program.linear import make_kernel, random_inputs
         t0 = time.perf_counter()
-        k = make_kernel(sub, outputs, backend, threads=self.threads)
+        backend, sched = self._variant(variant)
+        k = make_kernel(sub, outputs, backend, threads=self.threads, schedule=sched or None)
         self.stats["compile_s"] += time.perf_counter() - t0
         ins = random_inputs(sub, list(k.input_names))
         outs = k.alloc_outputs()

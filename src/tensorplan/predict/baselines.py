@@ -158,7 +158,7 @@ class _TorchRegressor(Estimator):
                 torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.grad_clip)
                 opt.step()
             if va is not None and va.latency_s is not None and len(va):
-                m = float(np.mean(np.abs(self.predict(va) - va.latency_s) / va.latency_s))
+                m = float(np.mean(np.abs(np.log(self.predict(va) / va.latency_s))))  # symmetric (see cdmpp)
                 if m < best:
                     best, best_state = m, {k: v.detach().clone() for k, v in self.net.state_dict().items()}
             if self.max_time_s is not None and time.perf_counter() - t0 > self.max_time_s:

@@ -100,6 +100,8 @@ class _TaskState:
         self.spaces = list(self.ctx.generate_design_space())
         self.postprocs = list(self.ctx.space_generator.postprocs)
         self._args = None
+        self.slow = 0                                   # programs skipped as too slow
+        self.ok = 0                                     # programs measured
 
     def args(self):
         """Input/output tensors (uniform [0.5, 1) floats, zero integers); freed by `release`."""
@@ -144,33 +146,38 @@ def sample_schedule(state: _TaskState, i: int):
     return sch, space
 
 
+TIMER_VERSION = 3
+
+
 def _time_lib(lib, args, threads: Sequence[int], *, min_repeat_s: float, max_kernel_s: float,
               repeats: int) -> dict[int, Any] | str:
     """Time one compiled kernel at each thread count with TVM's time_evaluator.
 
-    One untimed call per thread count (warm-up), `number` calls per repeat so that a repeat
-    lasts >= min_repeat_s (µs kernels need number > 1), `repeats` repeats (3 for kernels > 20 ms).
+    The call time is estimated at 1 thread (uncontended by our own pool); `number` calls per
+    repeat only for kernels shorter than `min_repeat_s` (20 µs), otherwise 1: on a shared 2-core
+    machine, back-to-back calls of a 2-thread kernel wait for the pool's second worker to be
+    scheduled (~ms per call), while single calls do not.  One untimed call per thread count,
+    then 3-`repeats` repeats (about 10 ms of timed runs per thread count); the median is kept.
     """
     import tvm
     from ..measure.timer import Timing, _tvm_threadpool
     cfg, num = _tvm_threadpool()
     dev = tvm.cpu()
     f = lib["main"]
-    cfg(1, max(threads))
+    cfg(1, min(threads))
     t0 = time.perf_counter()
     f(*args)
     est = time.perf_counter() - t0
     if est > 4 * max_kernel_s:
+        cfg(1, max(threads))
         return f"too slow ({est:.2f} s per call)"
     ev = lib.time_evaluator("main", dev, number=1, repeat=1)
     est = min(est, ev(*args).mean)
     if est > max_kernel_s:
+        cfg(1, max(threads))
         return f"too slow ({est:.2f} s per call)"
-    number = max(1, min(100000, int(math.ceil(min_repeat_s / max(est, 1e-9)))))
-    # a lean budget: about 20 ms of timed runs per thread count, never fewer than 3 repeats.
-    # Short repeats (0.2 ms) on a shared machine: most repeats fit in one scheduler time slice, so
-    # the median is the uncontended time even when a few repeats are hit by other processes.
-    rep = int(max(3, min(repeats, 0.02 // max(number * est, 1e-9))))
+    number = max(1, min(1000, int(math.ceil(min_repeat_s / max(est, 1e-9)))))
+    rep = int(max(3, min(repeats, 0.01 // max(number * est, 1e-9))))
     out: dict[int, Any] = {}
     for t in threads:
         cfg(1, t)
@@ -181,7 +188,7 @@ def _time_lib(lib, args, threads: Sequence[int], *, min_repeat_s: float, max_ker
         res = ev(*args)
         out[t] = Timing.from_repeats(list(res.results), warmup=1, number=number, threads=int(num()),
                                      method=f"tvm time_evaluator number={number} repeat={rep}; "
-                                            f"1 warm-up call; runtime pool {int(num())} thread(s)")
+                                            f"1 warm-up call; runtime pool {int(num())} thread(s); v{TIMER_VERSION}")
     cfg(1, max(threads))
     return out
 
@@ -255,7 +262,7 @@ def get_tasks(store, networks: Sequence[str], log: Callable[[str], None] = print
 
 def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 64,
             threads: Sequence[int] = (1, 2), store: Any = None, budget_minutes: float | None = None,
-            batch: int = 4, min_repeat_s: float = 2e-4, repeats: int = 15, max_kernel_s: float = 0.1,
+            batch: int = 4, min_repeat_s: float = 2e-5, repeats: int = 15, max_kernel_s: float = 0.1,
             max_task_flops: float | None = None, progress: bool = True,
             log: Callable[[str], None] | None = None) -> CollectStats:
     """Sample, compile and time programs for every task of `networks`; resumable.
@@ -327,6 +334,9 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
                         state = states[task.key] = None
                 for i in todo:
                     item = f"{task.key}:{i}"
+                    if state is not None and state.slow >= 4 and state.ok == 0:
+                        state.release()                  # every program so far too slow: give up the task
+                        state = states[task.key] = None
                     if state is None:
                         job.mark_done(item)
                         stats.failed_sample += 1
@@ -393,10 +403,13 @@ def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_k
     t3 = time.perf_counter()
     if isinstance(timings, str):
         stats.too_slow += 1
+        state.slow += 1
         return None
+    state.ok += 1
     payload = {"task_key": state.task.key, "index": i, "space": space, "seed": _seed(state.task.key, i),
                "trace": trace_json(sch)}
-    extra = {"sample_s": round(t1 - t0, 4), "build_s": round(t2 - t1, 4), "time_s": round(t3 - t2, 4)}
+    extra = {"sample_s": round(t1 - t0, 4), "build_s": round(t2 - t1, 4), "time_s": round(t3 - t2, 4),
+             "timer": TIMER_VERSION}
     return payload, [(dev_keys[t], timings[t], extra) for t in threads]
 
 
@@ -416,8 +429,12 @@ def _featurize_programs(tasks_by_key: dict, programs: list[dict], log, progress:
         bar = prog_bar.add_task("featurize", total=len(programs))
     for k in it:
         p = programs[k]
-        sch = replay_trace(tasks_by_key[p["task_key"]].mod, p["trace"])
-        asts.append(compact_ast(sch))
+        try:
+            sch = replay_trace(tasks_by_key[p["task_key"]].mod, p["trace"])
+            asts.append(compact_ast(sch))
+        except Exception as e:  # noqa: BLE001 - one bad program must not sink the export
+            log(f"export: program {k} of task {p['task_key']} dropped: {e}")
+            asts.append(None)
         if prog_bar is not None:
             prog_bar.update(bar, advance=1)
     if prog_bar is not None:
@@ -466,6 +483,13 @@ def export(store: Any = None, out_dir: str | Path | None = None, *, log: Callabl
     pidx = {k: i for i, k in enumerate(prog_keys)}
     plist = [progs[k] for k in prog_keys]
     asts = _featurize_programs(tasks, plist, log, progress)
+    if any(a is None for a in asts):                      # drop programs that failed to featurise
+        keep = [i for i, a in enumerate(asts) if a is not None]
+        prog_keys = [prog_keys[i] for i in keep]
+        plist = [plist[i] for i in keep]
+        asts = [asts[i] for i in keep]
+        pidx = {k: i for i, k in enumerate(prog_keys)}
+        rows = [m for m in rows if m["prog_key"] in pidx]
     # features: one block per program
     n_leaves = np.array([a.n_leaves for a in asts], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(n_leaves)]).astype(np.int64)
@@ -499,6 +523,7 @@ def export(store: Any = None, out_dir: str | Path | None = None, *, log: Callabl
         "cov": np.array([m["cov"] for m in rows], dtype=np.float64),
         "repeats": pa.array([m["repeats"] for m in rows], type=pa.list_(pa.float32())),
         "number": np.array([m["number"] for m in rows], dtype=np.int32),
+        "timer_version": np.array([int(m["extra"].get("timer", 1)) for m in rows], dtype=np.int8),
     }), out / "records.parquet", compression="zstd", compression_level=19)
     # tasks table
     tk = sorted(tasks)
@@ -518,7 +543,9 @@ def export(store: Any = None, out_dir: str | Path | None = None, *, log: Callabl
             "networks": sorted(nets), "feature_dim": 164,
             "collection": {"sampler": "meta_schedule post-order-apply design space, replay-trace decisions, "
                                       "mandatory postprocs", "timer": "tvm time_evaluator after 1 warm-up call; number so that one repeat lasts >= 0.2 ms "
-                                      "(>= 1 ms in the first ~700 records); 3-15 repeats (about 20 ms of timed runs); median"}}
+                                      "(>= 1 ms in the first ~700 records); 3-15 repeats (about 20 ms of timed runs); median. "
+                                      "timer_version 3: call time estimated at 1 thread, number=1 unless the kernel is "
+                                      "< 20 us, 3-15 repeats (about 10 ms per thread count)"}}
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     log(f"export: {len(rows)} records, {len(plist)} programs, {len(tk)} tasks -> {out} ({size / 1e6:.1f} MB)")
@@ -534,7 +561,8 @@ class Dataset:
     min_s, cov (std/mean of the repeats), mad_rel (median absolute deviation / median), repeats,
     number (calls per repeat), flops (program float ops), n_leaves, trace (replayable JSON string).
     `leaves[i]` / `positions[i]` are the [n_leaves, 164] float32 features and the CDMPP positions of
-    record i (records of the same program share the arrays).
+    record i, `preorders[i]` its compact-AST serialisation (node ids, -1 end markers); records of
+    the same program share the arrays.
     """
 
     records: Any                     # pandas.DataFrame
@@ -543,6 +571,7 @@ class Dataset:
     tasks: Any                       # pandas.DataFrame: task_key, task_name, networks, flops, script
     devices: dict[str, dict] = field(default_factory=dict)
     path: str = ""
+    preorders: list[np.ndarray] = field(default_factory=list)   # compact-AST serialisation per record
 
     def __len__(self) -> int:
         return len(self.records)
@@ -554,8 +583,9 @@ class Dataset:
         if idx.dtype == bool:
             idx = np.flatnonzero(idx)
         rec = self.records.iloc[idx].reset_index(drop=True)
+        pre = [self.preorders[i] for i in idx] if self.preorders else []
         return Dataset(rec, [self.leaves[i] for i in idx], [self.positions[i] for i in idx], self.tasks,
-                       self.devices, self.path)
+                       self.devices, self.path, pre)
 
     def filter_stable(self, max_cov: float = DEFAULT_MAX_COV, min_task_samples: int = 0,
                       metric: str = "cov") -> "Dataset":
@@ -624,13 +654,21 @@ class Dataset:
         raise TensorplanError(f"split: kind must be 'network', 'device', 'task' or 'sample', got {kind!r}")
 
     # ---- ground truth
-    def network_latencies(self, max_cov: float | None = DEFAULT_MAX_COV) -> dict[tuple[str, str], float]:
+    def _stable_rows(self, max_cov: float | None, metric: str):
+        r = self.records
+        if max_cov is None:
+            return r
+        col = {"cov": "cov", "mad": "mad_rel"}.get(metric)
+        if col is None:
+            raise TensorplanError(f"metric must be 'cov' or 'mad', got {metric!r}")
+        return r[r[col] <= max_cov]
+
+    def network_latencies(self, max_cov: float | None = DEFAULT_MAX_COV,
+                          metric: str = "cov") -> dict[tuple[str, str], float]:
         """Measured network latency per (network, device): sum over the network's tasks of
         call-site count x median latency of the task's fastest stable sampled program (module doc).
         Networks with a task lacking any stable measurement on that device are left out."""
-        r = self.records
-        if max_cov is not None:
-            r = r[r["cov"] <= max_cov]
+        r = self._stable_rows(max_cov, metric)
         best = r.groupby(["task_key", "device"])["latency_s"].min().to_dict()
         devs = sorted(r["device"].unique())
         net_tasks: dict[str, dict[str, int]] = {}
@@ -644,11 +682,9 @@ class Dataset:
                     out[(net, d)] = float(sum(c * best[(k, d)] for k, c in tk.items()))
         return out
 
-    def best_programs(self, max_cov: float | None = DEFAULT_MAX_COV) -> Any:
-        """record_id of the fastest stable program per (task, device)."""
-        r = self.records
-        if max_cov is not None:
-            r = r[r["cov"] <= max_cov]
+    def best_programs(self, max_cov: float | None = DEFAULT_MAX_COV, metric: str = "cov") -> Any:
+        """Records of the fastest stable program per (task, device)."""
+        r = self._stable_rows(max_cov, metric)
         return r.loc[r.groupby(["task_key", "device"])["latency_s"].idxmin()]
 
     def stats(self) -> dict:
@@ -700,6 +736,8 @@ def load_dataset(path: str | Path | None = None) -> Dataset:
     n_prog = len(prog)
     p_leaves = [feats[off[i]:off[i + 1]].astype(np.float32) for i in range(n_prog)]
     p_pos = [pos[off[i]:off[i + 1]] for i in range(n_prog)]
+    pre, poff = z["preorder"], z["preorder_offsets"]
+    p_pre = [pre[poff[i]:poff[i + 1]] for i in range(n_prog)]
     pi = rec["prog_idx"].to_numpy()
     tk = prog["task_key"].to_numpy()[pi]
     tinfo = tasks.set_index("task_key")
@@ -716,7 +754,8 @@ def load_dataset(path: str | Path | None = None) -> Dataset:
     # process preempted, unlike the CoV = std/mean that CDMPP filters on)
     rec["mad_rel"] = [float(np.median(np.abs(np.asarray(x) - np.median(x))) / np.median(x)) if len(x) and np.median(x) > 0
                       else float("inf") for x in rec["repeats"]]
-    return Dataset(rec, [p_leaves[i] for i in pi], [p_pos[i] for i in pi], tasks, meta.get("devices", {}), str(d))
+    return Dataset(rec, [p_leaves[i] for i in pi], [p_pos[i] for i in pi], tasks, meta.get("devices", {}), str(d),
+                   [p_pre[i] for i in pi])
 
 
 def task_module(ds: Dataset, task_key: str):

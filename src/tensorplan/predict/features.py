@@ -599,13 +599,21 @@ class _Walker:
                 e[0] = 2
             elif e[0] == 0:
                 e[1].append(idx)
-        touched = self.touched_const if is_const else self.touched
-        if is_const:                                  # do not let constant stores feed later rows
-            touched = {k: {b: list(v) for b, v in d.items()} for k, d in self.touched.items()}
-            for k, d in self.touched_const.items():
-                for b, v in d.items():
-                    touched.setdefault(k, {}).setdefault(b, []).extend(v)
-            new_const: list = []
+        # reuse bookkeeping: a non-constant store appends to self.touched; a constant store sees
+        # self.touched + earlier constant stores + itself, and never feeds non-constant rows
+        own = self.touched if not is_const else {}
+        if is_const:
+            srcs = (self.touched, self.touched_const, own)
+
+            def view(key):
+                merged: dict = {}
+                for src in srcs:
+                    for b, v in src.get(key, {}).items():
+                        merged.setdefault(b, []).extend(v)
+                return merged
+        else:
+            def view(key):
+                return own.get(key, {})
         n = len(loops)
         subs = []
         for buf, (acc, mis) in info.items():
@@ -641,13 +649,12 @@ class _Walker:
                 numel = max(0, numel)
                 sf["numel"][i] = numel
                 tb = _i64(tb + numel * sf["bytes_e"])
-                touched.setdefault(key, {}).setdefault(sf["buf"], []).append(numel)
-                if is_const:
-                    new_const.append((key, sf["buf"], numel))
+                own.setdefault(key, {}).setdefault(sf["buf"], []).append(numel)
             for_touched[i] = tb
         if is_const:
-            for key, b, numel in new_const:
-                self.touched_const.setdefault(key, {}).setdefault(b, []).append(numel)
+            for key, d in own.items():
+                for b, v in d.items():
+                    self.touched_const.setdefault(key, {}).setdefault(b, []).extend(v)
         top_loop_touch_bytes = sum(sf["bytes_e"] for sf in subs) if n > 0 else 0
         for sf in subs:
             buf, eb = sf["buf"], sf["bytes_e"]
@@ -696,17 +703,18 @@ class _Walker:
                         rdb = float(top_loop_touch_bytes)
                     else:
                         rdb = 0.0
-                        for b2, nums in touched.get(id(loops[i2 + 1].node), {}).items():
+                        for b2, nums in view(id(loops[i2 + 1].node)).items():
                             rdb += sum(nums) * _dtype_bytes(b2.dtype)
                     break
-                tl = touched.get(id(lp.node), {}).get(buf, [])
+                under = view(id(lp.node))
+                tl = under.get(buf, [])
                 if len(tl) >= 2:
                     ext = lp.extent if lp.extent is not None else 1
                     rtype = 1
                     rct = len(tl) - 1
                     rdi = float(min(tl))
                     rdb = 0.0
-                    for b2, nums in touched.get(id(lp.node), {}).items():
+                    for b2, nums in under.items():
                         rdb += sum(nums) * _dtype_bytes(b2.dtype)
                     rdi /= ext
                     rdb /= ext

@@ -323,13 +323,15 @@ BACKENDS: dict[str, Callable] = {
 
 def make_kernel(sub: Graph, outputs: list[str] | None, backend: str, threads: int = 2,
                 schedule: dict | None = None):
-    """Build one kernel on a named backend ('tvm', 'ort', 'torch')."""
+    """Build one kernel on a named backend ('tvm', 'ort', 'torch'); `schedule` is the backend's
+    knobs: TVM's schedule dict, ORT's {"threads": n, "spinning": bool}."""
     if backend == "tvm":
         from .build import compile_kernel, local_target
         return compile_kernel(sub, outputs, target=local_target(threads), schedule=schedule, threads=threads)
     if backend == "ort":
         spin = (schedule or {}).get("spinning", False)
-        return ort_kernel(sub, outputs, threads, spinning=bool(spin))
+        nthr = int((schedule or {}).get("threads", threads))
+        return ort_kernel(sub, outputs, nthr, spinning=bool(spin))
     if backend == "torch":
         return torch_kernel(sub, outputs)
     raise CompileError(f"kernel '{sub.name}': unknown backend '{backend}' (tvm, ort or torch)")
