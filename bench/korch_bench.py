@@ -117,13 +117,19 @@ def relax_runner(graph, feeds: dict, threads: int):
     return lambda: vm["main"](*args), build_s
 
 
-def interleaved(runners: dict, rounds: int, pause: float = 0.05) -> dict[str, list[float]]:
+def interleaved(runners: dict, rounds: int, pause: float = 0.05, seed: int = 0) -> dict[str, list[float]]:
+    """One run of every system per round, in a fresh random order each round (a fixed
+    rotation would always seat a system right after the same neighbour, whose lingering
+    threads it then inherits), with a pause before each run."""
+    import random
+    rng = random.Random(seed)
     names = list(runners)
     times: dict[str, list[float]] = {n: [] for n in names}
     for n in names:  # warm-up
         runners[n]()
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[:]
+        rng.shuffle(order)
         for n in order:
             time.sleep(pause)
             t0 = time.perf_counter()

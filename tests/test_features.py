@@ -106,7 +106,12 @@ def test_tree_invariants_unscheduled_matmul():
     upd = ast.leaf_features[1]
     assert upd[1] == pytest.approx(np.log2(64 * 64 * 128 + 1))    # float_addsub, slog-scaled
     assert upd[162] == pytest.approx(np.log2(3 + 1))              # 3 loops around the update
-    assert ast.leaf_features[0][0:16].sum() == 0                  # the init store computes nothing
+    init = ast.leaf_features[0]
+    assert init[0:16].sum() == 0                                  # the init store computes nothing
+    # ... writes only C, inside the k loop (guarded init): reused across k, 128 times, at distance 1
+    assert init[57:60].tolist() == [0.0, 1.0, 0.0] and init[64:67].tolist() == [1.0, 0.0, 0.0]
+    assert init[69] == pytest.approx(np.log2(128 + 1)) and init[67] == pytest.approx(1.0)
+    assert init[75:147].sum() == 0                                # a single buffer slot
 
 
 @pytest.mark.parametrize("make,n", [(_matmul_relu, 6), (_softmax, 4), (_conv, 4)])
@@ -122,6 +127,15 @@ def test_rows_match_tvm_per_store_feature(make, n):
         np.testing.assert_allclose(mine, ref, atol=2e-3, rtol=1e-4)
         # and therefore the summed ("pack-sum") representation agrees too
         np.testing.assert_allclose(mine.sum(0), ref.sum(0), atol=1e-2, rtol=1e-4)
+
+
+def test_first_init_store_has_no_serial_reuse():
+    """A decomposed init (the program's first store) cannot reuse data written before it
+    (regression: its own touches were counted twice, faking serial reuse)."""
+    for sch in _samples(_matmul_relu(), 6, seed0=20):
+        ast = F.compact_ast(sch)
+        assert ast.leaf_is_const[0]
+        assert ast.leaf_features[0][65] == 0.0            # B0.reuse_type.serial_multiple_read_write
 
 
 def test_featurize_many_equals_compact_ast():

@@ -572,6 +572,7 @@ class Dataset:
     devices: dict[str, dict] = field(default_factory=dict)
     path: str = ""
     preorders: list[np.ndarray] = field(default_factory=list)   # compact-AST serialisation per record
+    _task_mods: dict = field(default_factory=dict, repr=False)   # parsed task IRModules (cache)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -585,7 +586,7 @@ class Dataset:
         rec = self.records.iloc[idx].reset_index(drop=True)
         pre = [self.preorders[i] for i in idx] if self.preorders else []
         return Dataset(rec, [self.leaves[i] for i in idx], [self.positions[i] for i in idx], self.tasks,
-                       self.devices, self.path, pre)
+                       self.devices, self.path, pre, self._task_mods)
 
     def filter_stable(self, max_cov: float = DEFAULT_MAX_COV, min_task_samples: int = 0,
                       metric: str = "cov") -> "Dataset":
@@ -761,11 +762,16 @@ def load_dataset(path: str | Path | None = None) -> Dataset:
 def task_module(ds: Dataset, task_key: str):
     """The unscheduled IRModule of a task (for replaying a record's trace)."""
     from .tasks import task_from_script
+    mod = ds._task_mods.get(task_key)
+    if mod is not None:
+        return mod
     row = ds.tasks[ds.tasks["task_key"] == task_key]
     if not len(row):
         raise TensorplanError(f"dataset: unknown task {task_key}")
     r = row.iloc[0]
-    return task_from_script(task_key, r["task_name"], r["script"], dict(r["networks"]), r["flops"]).mod
+    mod = ds._task_mods[task_key] = task_from_script(task_key, r["task_name"], r["script"], dict(r["networks"]),
+                                                     r["flops"]).mod
+    return mod
 
 
 def record_schedule(ds: Dataset, record_id: int):

@@ -651,10 +651,6 @@ class _Walker:
                 tb = _i64(tb + numel * sf["bytes_e"])
                 own.setdefault(key, {}).setdefault(sf["buf"], []).append(numel)
             for_touched[i] = tb
-        if is_const:
-            for key, d in own.items():
-                for b, v in d.items():
-                    self.touched_const.setdefault(key, {}).setdefault(b, []).extend(v)
         top_loop_touch_bytes = sum(sf["bytes_e"] for sf in subs) if n > 0 else 0
         for sf in subs:
             buf, eb = sf["buf"], sf["bytes_e"]
@@ -733,6 +729,10 @@ class _Walker:
                 float(rtype == 0), float(rtype == 1), float(rtype == 2),
                 _slog(rdi), _slog(rdb), _slog(rct), _slog(nbytes / proxy), _slog(ub / proxy),
                 _slog(lines / proxy), _slog(ul / proxy), _slog(innermost)))
+        if is_const:                                  # only now: the reuse analysis above saw `own` once
+            for key, d in own.items():
+                for b, v in d.items():
+                    self.touched_const.setdefault(key, {}).setdefault(b, []).extend(v)
         subs.sort(key=lambda sf: (-sf["lines"], -sf["nbytes"], str(sf["buf"].name)))
         for k, sf in enumerate(subs[:N_BUFFERS]):
             out[57 + 18 * k: 57 + 18 * (k + 1)] = sf["vec"]
