@@ -162,3 +162,25 @@ def test_check_selection_rejects_broken_selections():
     feeder = next(i for i in sel.chosen if i != sink)
     with pytest.raises(PlanError, match="no chosen kernel produces"):
         check_selection(prim, cands, [i for i in sel.chosen if i != feeder])
+
+
+def test_time_out_without_incumbent_falls_back_to_a_verified_greedy_plan(monkeypatch):
+    """HiGHS can stop at its time limit with no solution at all (seen on yolov4 with a size cap
+    of 16); the planner must still return a feasible plan and say how it got it."""
+    import scipy.optimize
+    from scipy.optimize import OptimizeResult
+
+    import tensorplan.plan.blp as blp
+
+    prim = diamond()
+    cands = enumerate_candidates(prim, max_nodes=4)
+    costs = [1.0 + 0.1 * len(c.nodes) for c in cands]
+    monkeypatch.setattr(scipy.optimize, "milp", lambda *a, **k: OptimizeResult(
+        x=None, status=1, message="Time limit reached", mip_gap=None))
+    sel = blp.solve_blp(prim, cands, costs, time_limit=0.01)
+    assert sel.status == "time_limit_greedy_fallback"
+    assert "no BLP incumbent" in sel.options["fallback"]
+    by_id = {c.id: k for k, c in enumerate(cands)}
+    assert feasible(prim, cands, [by_id[i] for i in sel.chosen])
+    with pytest.raises(PlanError, match="without a solution"):
+        blp.solve_blp(prim, cands, costs, time_limit=0.01, require_optimal=True)

@@ -50,7 +50,7 @@ class Selection:
     chosen: list[int]  # candidate ids
     objective_s: float
     method: str  # "blp" | "greedy" | "none"
-    status: str  # "optimal" | "time_limit" | "heuristic"
+    status: str  # "optimal" | "time_limit" | "time_limit_greedy_fallback" | "heuristic"
     solve_s: float = 0.0
     mip_gap: float | None = None
     dual_bound_s: float | None = None
@@ -214,8 +214,16 @@ def solve_blp(prim: Graph, cands: Sequence[Candidate], costs: Sequence[float], *
         raise PlanError(f"the BLP is infeasible ({res.message}); some tensor can only be produced by "
                         "candidates that could not be built")
     if res.x is None:
-        raise PlanError(f"the BLP solver stopped without a solution after {solve_s:.1f}s ({res.message}); "
-                        "raise --time-limit or lower the candidate size cap")
+        if require_optimal:
+            raise PlanError(f"the BLP solver stopped without a solution after {solve_s:.1f}s ({res.message}); "
+                            "raise --time-limit or lower the candidate size cap")
+        # A time-out with no incumbent still deserves a plan: fall back to greedy fusion over
+        # the same candidates (always feasible) and say so in the status.
+        fb = greedy_fusion(prim, cands, costs)
+        fb.method, fb.status, fb.solve_s = "blp", "time_limit_greedy_fallback", solve_s + fb.solve_s
+        fb.variables, fb.constraints = V, len(lb)
+        fb.options = {**opts, "fallback": f"no BLP incumbent after {solve_s:.1f}s ({res.message})"}
+        return fb
     status = "optimal" if res.status == 0 else "time_limit"
     if status != "optimal" and require_optimal:
         raise PlanError(f"the BLP solver hit its {time_limit}s time limit (gap {getattr(res, 'mip_gap', None)}); "
