@@ -135,6 +135,8 @@ class _TorchRegressor(Estimator):
         tr = as_arrays(train)
         y = _labelled(tr, f"{self.name}.fit")
         yn, self.y_mean, self.y_std = _log_target(y)
+        w = float(yn.max() - yn.min())  # predictions are clipped to the training range +- half its width
+        self.y_lo, self.y_hi = float(yn.min()) - 0.5 * w, float(yn.max()) + 0.5 * w
         self.dev_dim = tr.device.shape[1]
         self._prepare(tr)
         self.net = self._make_net()
@@ -181,7 +183,7 @@ class _TorchRegressor(Estimator):
             for s in range(0, len(arr), batch):
                 idx = order[s:s + batch]
                 out[idx] = self.net(*self._inputs(arr, idx)).numpy()
-        return np.exp(out * self.y_std + self.y_mean)
+        return np.exp(np.clip(out, self.y_lo, self.y_hi) * self.y_std + self.y_mean)
 
     def _extra_state(self) -> dict:
         return {}
@@ -193,10 +195,11 @@ class _TorchRegressor(Estimator):
         if getattr(self, "net", None) is None:
             raise TensorplanError(f"{self.name}.save: the model is not trained")
         return {"net": self.net.state_dict(), "y_mean": self.y_mean, "y_std": self.y_std,
-                "dev_dim": self.dev_dim, **self._extra_state()}
+                "y_lo": self.y_lo, "y_hi": self.y_hi, "dev_dim": self.dev_dim, **self._extra_state()}
 
     def _set_state(self, st):
         self.y_mean, self.y_std, self.dev_dim = st["y_mean"], st["y_std"], st["dev_dim"]
+        self.y_lo, self.y_hi = st["y_lo"], st["y_hi"]
         self._set_extra_state(st)
         self.net = self._make_net()
         self.net.load_state_dict(st["net"])

@@ -285,7 +285,7 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
                 m2 = copy.deepcopy(mdl)
                 t0 = time.perf_counter()
                 if isinstance(m2, CDMPP):
-                    m2.finetune(pool.subset(ft), target=unl)
+                    m2.finetune(pool.subset(ft), base=tr)
                 else:
                     m2 = make_model(name, quick, time_scale, seed)
                     m2.fit(ProgramArrays.concat([tr, pool.subset(ft)]), val=va)

@@ -121,7 +121,7 @@ def finetune_model(model, base, target_pool, n_tasks: int, per_task: int, method
     pool = as_arrays(target_pool)
     ft, rest, tasks = few_shot_split(pool, n_tasks, per_task, method, seed)
     if isinstance(model, CDMPP):
-        model.finetune(pool.subset(ft), steps=steps, target=pool.subset(rest) if len(rest) else None)
+        model.finetune(pool.subset(ft), base=base, steps=steps)
     else:
         model.finetune(pool.subset(ft), base=base)
     return model, ft, rest, tasks
@@ -154,9 +154,8 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
     ft, rest, tasks = few_shot_split(pool, min(n_tasks, len(np.unique(pool.task_key))), per_task, method, seed)
     test = pool.subset(rest)
     before = regression_metrics(est.predict(test), test.latency_s) if len(test) else {}
-    unl = pool.subset(np.arange(len(pool)))
-    unl.latency_s = None
-    est.finetune(pool.subset(ft), steps=steps, target=unl)
+    others = ds.subset(ds.records["device"].to_numpy() != dom)  # replayed while fine-tuning
+    est.finetune(pool.subset(ft), base=as_arrays(others) if len(others) else None, steps=steps)
     after = regression_metrics(est.predict(test), test.latency_s) if len(test) else {}
     info = {"device": dom, "method": method, "tasks": tasks, "n_target_samples": int(len(ft)),
             "n_eval": int(len(rest)), "before": before, "after": after}
