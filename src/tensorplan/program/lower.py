@@ -35,9 +35,6 @@ def _t():
     return _tvm
 
 
-LINEAR_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
-
-
 @dataclass
 class Lowered:
     """A lowered kernel: the PrimFunc and how to call it.
@@ -139,8 +136,6 @@ def _tvm_dtype(d: str) -> str:
     return {"bool": "bool"}.get(d, d)
 
 
-def _bshape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(int(d) for d in np.broadcast_shapes(*shapes))
 
 
 # --------------------------------------------------------------------------------------
@@ -760,8 +755,6 @@ def _pool(ctx, node):
 
 
 # -- layout ----------------------------------------------------------------------------
-def _strip_unit(shape):
-    return [d for d in shape if d != 1]
 
 
 def _reshape_groups(out_shape, in_shape):
