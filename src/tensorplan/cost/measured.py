@@ -4,7 +4,11 @@ Per candidate kind:
 - memory (elementwise/reduce/layout): TVM with the default schedule (and serial, for
   mid-sized outputs); a single primitive TVM cannot lower runs through ONNX Runtime (so
   singletons are always finite); for singletons ONNX Runtime is also timed;
-- linear: ONNX Runtime (MLAS) and PyTorch (oneDNN/MKL);
+- linear: ONNX Runtime (MLAS); PyTorch (oneDNN/MKL) when `linear_backends` includes
+  "torch". Not by default: timed alone, torch convolutions sometimes win, but inside a
+  plan that alternates backends their OpenMP pool must be woken for every call, and
+  measured end to end on the shared 2-core machine the torch kernels cost 5-7x their
+  solo time (ResNet-50: 26 torch convs, plan 0.18x of ORT; bench/results/);
 - opaque: ONNX Runtime.
 ONNX Runtime is timed at full threads and at one thread. The fastest variant wins
 (Korch's min over profilers) and is recorded as the plan kernel's backend + schedule.
@@ -43,7 +47,7 @@ class MeasuredCost:
     name = "measured"
 
     def __init__(self, store: Any = None, device: Any = "local", threads: int = 2, budget_s: float = 0.05,
-                 linear_backends: tuple[str, ...] = ("ort", "torch"), singleton_ort: bool = True,
+                 linear_backends: tuple[str, ...] = ("ort",), singleton_ort: bool = True,
                  tag: str = "", remeasure: bool = False, statistic: str = "min", outlier_factor: float = 4.0):
         from ..devices import resolve
         from ..measure.store import Store
