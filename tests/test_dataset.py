@@ -3,6 +3,8 @@ a real (tiny) collection at 1 and 2 threads with resume, export/load, splits, an
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -58,12 +60,17 @@ def test_trace_replay_reproduces_tir(mlp_tasks):
 
 def test_collect_export_load_roundtrip(tmp_path):
     store = tmp_path / "s.sqlite"
-    st = D.collect(["tiny-mlp"], programs_per_task=2, threads=(1, 2), store=store, batch=2, progress=False,
-                   log=lambda s: None)
-    assert st.programs >= 4 and st.records == 2 * st.programs
-    again = D.collect(["tiny-mlp"], programs_per_task=2, threads=(1, 2), store=store, batch=2, progress=False,
-                      log=lambda s: None)
-    assert again.programs == 0 and again.skipped_done >= st.programs          # resumed: nothing redone
+    # a fresh process: TVM's runtime pool size is fixed by the first kernel run in a process, and
+    # other tests in this worker may already have run kernels with a 1-thread pool
+    code = ("import json, sys; from tensorplan.predict import dataset as D; "
+            f"st = D.collect(['tiny-mlp'], programs_per_task=2, threads=(1, 2), store={str(store)!r}, batch=2, "
+            "progress=False, log=lambda s: None); print(json.dumps(st.to_dict()))")
+    st = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                   timeout=600).stdout.strip().splitlines()[-1])
+    assert st["programs"] >= 4 and st["records"] == 2 * st["programs"]
+    again = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                      timeout=600).stdout.strip().splitlines()[-1])
+    assert again["programs"] == 0 and again["skipped_done"] >= st["programs"]   # resumed: nothing redone
     from tensorplan.measure.store import Store
     ms = list(Store(store).measurements(kind=D.PROGRAM_KIND))
     assert {m["device"] for m in ms} == {"local-1t", "local-2t"}
@@ -103,6 +110,31 @@ def test_collect_export_load_roundtrip(tmp_path):
     exp = sum(c * best[(best.task_key == k) & (best.device == "local-1t")].latency_s.iloc[0]
               for k, c in ((t, dict(n)["tiny-mlp"]) for t, n in zip(ds.tasks.task_key, ds.tasks.networks)))
     assert nl[("tiny-mlp", "local-1t")] == pytest.approx(exp)
+
+
+def test_two_thread_domain_really_uses_two_threads():
+    """local-2t must run parallel loops on 2 workers (regression: a pool configured down to 1 thread
+    before first use ran '2-thread' kernels on one worker). Fresh process; best of 3 tries."""
+    code = r"""
+import numpy as np, tvm
+from tvm import s_tir, te
+from tensorplan.predict import dataset as D
+D._init_pool(2)
+A = te.placeholder((256, 4096), name="A")
+B = te.compute((256, 4096), lambda i, j: te.exp(A[i, j]) * 2.0 + 1.0, name="B")
+sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([A, B])})); sch.work_on("main")
+sch.parallel(sch.get_loops(sch.get_sblock("B"))[0])
+lib = tvm.compile(sch.mod, target=tvm.target.Target({"kind": "llvm", "num-cores": 2})).jit()
+args = [tvm.runtime.tensor(np.random.rand(256, 4096).astype("float32")), tvm.runtime.tensor(np.zeros((256, 4096), "float32"))]
+best = 9.0
+for _ in range(3):
+    t = D._time_lib(lib, args, [1, 2], min_repeat_s=2e-5, max_kernel_s=0.5, repeats=9)
+    best = min(best, t[2].median_s / t[1].median_s)
+print(best)
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300)
+    ratio = float(out.stdout.strip().splitlines()[-1])
+    assert ratio < 0.85, f"2-thread / 1-thread time = {ratio:.2f}: the second worker is not used"
 
 
 def test_split_by_network_holds_out_unseen_tasks(tmp_path):

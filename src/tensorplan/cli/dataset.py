@@ -48,6 +48,25 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
                         f"{d['failed_sample']}/{d['failed_build']}/{d['too_slow']}")
 
 
+@dataset_app.command("remeasure")
+def remeasure(store: Optional[Path] = _STORE_OPT,
+              threads: str = typer.Option("1,2", "--threads", help="Thread counts to re-time."),
+              budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
+              json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Re-time stored programs with the current timer (replaces their measurements); resumable."""
+    from ..errors import StoreError, TensorplanError
+    from ..predict.dataset import remeasure as _remeasure
+    if store is not None and not store.exists():
+        raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
+    try:
+        ths = [int(t) for t in threads.split(",") if t.strip()]
+    except ValueError:
+        raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
+    d = _remeasure(store, threads=ths, budget_minutes=budget_minutes).to_dict()
+    print(json.dumps(d, indent=1) if json_out else
+          f"re-timed {d['programs']} programs ({d['records_per_s']:.2f} records/s), {d['too_slow']} skipped")
+
+
 @dataset_app.command("export")
 def export(store: Optional[Path] = _STORE_OPT,
            out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: the repo's data/cdmpp/)."),

@@ -13,6 +13,11 @@ sample done in the same transaction, so a killed run loses at most the program i
 `collect` resumes where it stopped.  `export` turns a store into the compact committed form
 under `data/cdmpp/` (parquet+zstd records, float16 leaf features), which `load_dataset` reads.
 
+Thread domains: TVM's runtime pool must be created at the largest thread count (`_init_pool`)
+before it is ever configured down; the first ~9k programs were timed before this was fixed, so
+their 2-thread records ran on one worker.  `export` leaves such records out (timer version < 4)
+and `remeasure` re-times stored programs (both thread counts) with the fixed timer.
+
 Network latency ground truth ("measured network"): for network N and device D,
 T(N, D) = sum over N's tasks of (call-site count) x (median latency of the fastest *stable*
 sampled program of that task on D).  It is the end-to-end time of the network compiled with
@@ -146,7 +151,34 @@ def sample_schedule(state: _TaskState, i: int):
     return sch, space
 
 
-TIMER_VERSION = 3
+TIMER_VERSION = 4
+# v4: the runtime pool is created by a parallel kernel run at the largest thread count before any
+# config_threadpool call. Before (v1-v3) the first configuration call came first, and TVM then ran
+# "2-thread" kernels on one worker: records on multi-thread devices with timer < 4 are invalid.
+MIN_VALID_MULTITHREAD_TIMER = 4
+
+
+def _init_pool(max_threads: int) -> None:
+    """Create TVM's runtime thread pool with `max_threads` workers by running a parallel kernel.
+
+    Must run before any `runtime.config_threadpool` call in the process: if the pool is first
+    configured down to 1 thread and then used, later raising it to 2 reports 2 threads but runs
+    parallel loops on one worker (measured: 2-thread time == 1-thread time).
+    """
+    os.environ["TVM_NUM_THREADS"] = str(max_threads)
+    import tvm
+    from tvm import s_tir, te
+    A = te.placeholder((64, 1024), name="A")
+    B = te.compute((64, 1024), lambda i, j: A[i, j] * 2.0, name="B")
+    sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([A, B])}))
+    sch.work_on("main")
+    sch.parallel(sch.get_loops(sch.get_sblock("B"))[0])
+    lib = tvm.compile(sch.mod, target=tvm.target.Target({"kind": "llvm", "num-cores": max_threads})).jit()
+    a = tvm.runtime.tensor(np.ones((64, 1024), np.float32))
+    b = tvm.runtime.tensor(np.zeros((64, 1024), np.float32))
+    lib["main"](a, b)
+
+
 
 
 def _time_lib(lib, args, threads: Sequence[int], *, min_repeat_s: float, max_kernel_s: float,
@@ -271,9 +303,9 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     kill) still leaves every task covered.  Returns counts and the measured record rate.
     """
     threads = sorted({int(t) for t in threads})
-    # TVM sizes its runtime pool from TVM_NUM_THREADS (default here: 1) when first used; the pool can
-    # later only shrink, so size it for the largest thread count before anything touches it.
-    os.environ["TVM_NUM_THREADS"] = str(max(threads))
+    # TVM sizes its runtime pool from TVM_NUM_THREADS (default here: 1) when first used; create it
+    # with the largest thread count by running a parallel kernel before anything configures it.
+    _init_pool(max(threads))
     import tvm
     from ..devices import resolve
     from ..measure.store import Store
@@ -413,6 +445,77 @@ def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_k
     return payload, [(dev_keys[t], timings[t], extra) for t in threads]
 
 
+def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minutes: float | None = None,
+              max_kernel_s: float = 0.1, min_repeat_s: float = 2e-5, repeats: int = 15,
+              log: Callable[[str], None] | None = None) -> CollectStats:
+    """Re-time stored programs (replayed from their traces) with the current timer, replacing their
+    measurements on every thread count; round-robin over tasks; resumable (job per timer version)."""
+    threads = sorted({int(t) for t in threads})
+    _init_pool(max(threads))
+    import tvm
+    from ..devices import resolve
+    from ..measure.store import Store
+    from .tasks import task_from_script
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    st = store if isinstance(store, Store) else Store(store)
+    dev_keys = {t: st.put_device(resolve(f"local-{t}t")) for t in threads}
+    target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
+    job = st.job(f"cdmpp-remeasure-v{TIMER_VERSION}")
+    done = job.done_keys()
+    scripts = {}
+    for (payload,) in st._read("SELECT payload FROM programs WHERE kind=?", (TASK_KIND,)):
+        p = json.loads(payload)
+        scripts[p["key"]] = p
+    by_task: dict[str, list] = {}
+    for pk, payload in st._read("SELECT prog_key, payload FROM programs WHERE kind=? ORDER BY prog_key",
+                                (PROGRAM_KIND,)):
+        if pk not in done:
+            by_task.setdefault(json.loads(payload)["task_key"], []).append((pk, payload))
+    order = []
+    queues = [v for _, v in sorted(by_task.items())]
+    while any(queues):
+        for q in queues:
+            if q:
+                order.append(q.pop(0))
+    stats = CollectStats()
+    t_start, last = time.time(), time.time()
+    mods: dict[str, Any] = {}
+    for pk, payload in order:
+        if budget_minutes and time.time() - t_start > budget_minutes * 60:
+            break
+        p = json.loads(payload)
+        tk = p["task_key"]
+        if tk not in mods:
+            s_ = scripts[tk]
+            mods[tk] = task_from_script(tk, s_["name"], s_["script"], {}, s_.get("flops", 0.0))
+        task = mods[tk]
+        try:
+            sch = replay_trace(task.mod, p["trace"])
+            lib = tvm.compile(sch.mod, target=target).jit()
+            state = _TaskState.__new__(_TaskState)
+            state.task, state._args = task, None
+            timings = _time_lib(lib, state.args(), threads, min_repeat_s=min_repeat_s,
+                                max_kernel_s=max_kernel_s, repeats=repeats)
+        except Exception:  # noqa: BLE001
+            timings = "failed"
+        with st.transaction():
+            if not isinstance(timings, str):
+                st.put_measurements([(pk, dev_keys[t], timings[t], TAG, {"timer": TIMER_VERSION, "remeasured": True})
+                                     for t in threads])
+                stats.records += len(threads)
+                stats.programs += 1
+            else:
+                stats.too_slow += 1
+            job.mark_done(pk)
+        if time.time() - last > 60:
+            last = time.time()
+            el = last - t_start
+            log(f"remeasure [{el / 60:.1f} min] programs {stats.programs} ({stats.records / el:.2f} rec/s)")
+    stats.seconds = time.time() - t_start
+    log(f"remeasure: {json.dumps(stats.to_dict())}")
+    return stats
+
+
 # =========================================================================== export / load
 
 def _featurize_programs(tasks_by_key: dict, programs: list[dict], log, progress: bool = True):
@@ -473,7 +576,11 @@ def export(store: Any = None, out_dir: str | Path | None = None, *, log: Callabl
     progs: dict[str, dict] = {}
     rows = []
     devices = {}
+    n_invalid = 0
     for m in st.measurements(kind=PROGRAM_KIND, tag=TAG):
+        if (m["threads"] or 1) > 1 and int(m["extra"].get("timer", 1)) < MIN_VALID_MULTITHREAD_TIMER:
+            n_invalid += 1                   # multi-thread record from before the pool fix: not 2 threads
+            continue
         pk = m["prog_key"]
         if pk not in progs:
             progs[pk] = m["payload"]
@@ -548,8 +655,10 @@ def export(store: Any = None, out_dir: str | Path | None = None, *, log: Callabl
                                       "< 20 us, 3-15 repeats (about 10 ms per thread count)"}}
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
-    log(f"export: {len(rows)} records, {len(plist)} programs, {len(tk)} tasks -> {out} ({size / 1e6:.1f} MB)")
-    return {"dir": str(out), "records": len(rows), "programs": len(plist), "tasks": len(tk), "bytes": size}
+    log(f"export: {len(rows)} records, {len(plist)} programs, {len(tk)} tasks -> {out} ({size / 1e6:.1f} MB); "
+        f"{n_invalid} invalid multi-thread records (timer < {MIN_VALID_MULTITHREAD_TIMER}) left out")
+    return {"dir": str(out), "records": len(rows), "programs": len(plist), "tasks": len(tk), "bytes": size,
+            "invalid_multithread_records_left_out": n_invalid}
 
 
 @dataclass
