@@ -282,3 +282,9 @@ def test_rel_error_definition():
     assert rel_error(np.zeros(3), np.zeros(3)) == 0.0
     assert rel_error(np.array([np.nan]), np.array([1.0])) == float("inf")
     assert rel_error(np.zeros((2, 3)), np.zeros((3, 2))) == float("inf")
+
+
+def test_rel_error_handles_scalar_outputs():
+    from tensorplan.graph.reference import rel_error
+    assert rel_error(np.float32(2.0), np.float32(2.0)) == 0.0
+    assert rel_error(np.array(1.0, dtype=np.float32), np.array(2.0, dtype=np.float32)) == pytest.approx(0.5)

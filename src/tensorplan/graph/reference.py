@@ -53,8 +53,8 @@ def rel_error(a: np.ndarray, b: np.ndarray, eps: float = 1e-6) -> float:
 
     `b` is the reference (ONNX Runtime). Non-float outputs compare exactly (0 or 1
     is returned as the mismatch fraction's max would be meaningless)."""
-    a = np.asarray(a)
-    b = np.asarray(b)
+    a = np.atleast_1d(np.asarray(a))  # 0-d outputs (scalars) compare like 1-element arrays
+    b = np.atleast_1d(np.asarray(b))
     if a.shape != b.shape:
         return float("inf")
     if a.size == 0:

@@ -23,7 +23,9 @@ from .blp import recomputed_primitives, select
 from .candidates import EnumerationStats, enumerate_candidates
 from .plan import Plan, PlanKernel, plan_buffers, verify
 
-DEFAULT_BACKEND = {"memory": "tvm", "linear": "torch", "opaque": "reference"}
+# Used only when the cost model does not say (AnalyticalCost): ONNX Runtime's MLAS is the
+# fastest linear backend measured on x86 CPUs here (bench/results/korch_kernels.json).
+DEFAULT_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "reference"}
 
 
 def resolve_device(device: Any):
