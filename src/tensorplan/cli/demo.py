@@ -13,17 +13,21 @@ def register(app: typer.Typer) -> None:
     def demo(model: str = typer.Argument("candy", help="Zoo name or ONNX path."),
              threads: int = typer.Option(2, help="Intra-op threads for every runtime."),
              opset: int = typer.Option(17, help="Opset of the zoo export."),
+             orchestrate: bool = typer.Option(True, help="Also plan fused kernels (Korch, measured "
+                                              "costs cached in the store), run the plan and race it "
+                                              "against ONNX Runtime."),
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
-        """Import MODEL, check tensorplan's reference executor against ONNX Runtime, and show
-        the device and per-operator timings."""
+        """Import MODEL, check the reference executor against ONNX Runtime, show the device and
+        per-operator timings, then orchestrate fused kernels and race the plan against ONNX Runtime."""
         from ..workflows.demo import run_demo
 
-        con = Console()
-        with con.status(f"importing and running {model} ..."):
-            rep = run_demo(model, threads=threads, opset=opset)
+        con = Console(stderr=as_json)
+        rep = run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
+                       progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"))
+        ok_all = rep.agree and (rep.plan is None or rep.plan["agree"])
         if as_json:
             print(json.dumps(rep.to_dict(), indent=2, default=str))
-            raise typer.Exit(0 if rep.agree else 1)
+            raise typer.Exit(0 if ok_all else 1)
         d = rep.device
         con.print(f"[bold]device[/]: {d['name']} — {d.get('cores')} cores, "
                   f"{d.get('peak_fp32_gflops', 0):.0f} GFLOP/s matmul (measured), "
@@ -40,5 +44,14 @@ def register(app: typer.Typer) -> None:
         for o in rep.per_op:
             t.add_row(o.op, str(o.count), f"{o.total_ms:.3f}", f"{o.share:.1%}")
         con.print(t)
-        if not rep.agree:
+        p = rep.plan
+        if p:
+            ok = "[green]agree[/]" if p["agree"] else "[red]DISAGREE[/]"
+            con.print(f"[bold]plan[/]: {p['kernels']} kernels from {p['primitives']} primitives "
+                      f"(solver {p['solver']}, optimised in {p['optimise_s']:.1f} s; backends {p['backends']})")
+            con.print(f"interleaved medians: tensorplan {p['plan_median_ms']:.2f} ms (CoV {p['plan_cov']:.1%}) "
+                      f"vs ONNX Runtime {p['ort_median_ms']:.2f} ms (CoV {p['ort_cov']:.1%}) → "
+                      f"[bold]{p['speedup_vs_ort']:.2f}×[/]; predicted {p['predicted_ms']:.2f} ms; "
+                      f"max rel. error vs ONNX Runtime {p['max_rel_error']:.2e} → {ok}")
+        if not ok_all:
             raise typer.Exit(1)

@@ -38,6 +38,7 @@ class DemoReport:
     max_rel_error: float
     agree: bool
     per_op: list[OpTiming] = field(default_factory=list)
+    plan: dict | None = None  # the orchestrated plan's summary, when `orchestrate=True`
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,15 +61,18 @@ def ort_per_op_profile(onnx_path: str, feeds: dict[str, np.ndarray], threads: in
         prof = sess.end_profiling()
         with open(prof) as f:
             events = json.load(f)
-    per_run: dict[str, float] = defaultdict(float)
-    counts: dict[str, set] = defaultdict(set)
+    # median per node over the runs (the first run includes one-off allocation), summed per op type
+    per_node: dict[tuple[str, str], list[float]] = defaultdict(list)
     for e in events:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
-            op = e.get("args", {}).get("op_name", "?")
-            per_run[op] += e["dur"] / 1e3 / runs
-            counts[op].add(e["name"])
+            per_node[(e.get("args", {}).get("op_name", "?"), e["name"])].append(e["dur"] / 1e3)
+    per_run: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for (op, _), durs in per_node.items():
+        per_run[op] += float(np.median(durs))
+        counts[op] += 1
     total = sum(per_run.values()) or 1.0
-    return sorted((OpTiming(op, len(counts[op]), ms, ms / total) for op, ms in per_run.items()),
+    return sorted((OpTiming(op, counts[op], ms, ms / total) for op, ms in per_run.items()),
                   key=lambda t: -t.total_ms)
 
 
@@ -82,9 +86,27 @@ def model_onnx_path(model: str, opset: int) -> str:
     return str(zoo.export(model, opset=opset))
 
 
-def run_demo(model: str = "candy", threads: int = 2, opset: int = 17) -> DemoReport:
+def interleaved_medians(fns: dict[str, callable], rounds: int = 15, per_round_s: float = 0.2) -> dict:
+    """Median latency of each callable, timed in alternation (rotating order each round) so a
+    noisy shared machine slows every contender alike; returns {name: Timing}."""
+    from ..measure.timer import Timing, measure
+
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            t = measure(fns[n], warmup=1, min_repeats=1, max_repeats=20, budget_s=per_round_s)
+            samples[n].append(t.median_s)
+    return {n: Timing.from_repeats(v, warmup=1, method=f"interleaved: {rounds} rounds, rotating order, "
+                                   "median of per-round medians") for n, v in samples.items()}
+
+
+def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrate: bool = True,
+             progress: bool = False, log=None) -> DemoReport:
     """Import `model` (zoo name or ONNX path), run it in ONNX Runtime and in the reference
-    executor, compare, and profile per operator."""
+    executor, compare, and profile per operator; then (orchestrate=True) plan its kernels with
+    measured costs, run the plan, check it against ONNX Runtime and time both interleaved."""
     from ..devices import resolve
     from ..graph import load_model
     from ..graph.analysis import graph_flops
@@ -113,13 +135,48 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17) -> DemoRep
             ref_s = time.perf_counter() - t1
         per_op = ort_per_op_profile(path, feeds, threads)
 
-    err = 0.0
-    for name, want in ort_out.items():
-        got = ref_out[name]
-        denom = max(float(np.max(np.abs(want))), 1e-12)
-        err = max(err, float(np.max(np.abs(got.astype(np.float64) - want))) / denom)
+    from ..graph.reference import rel_error
+
+    err = max(rel_error(ref_out[name], want) for name, want in ort_out.items())
+    plan_summary = None
+    if orchestrate:
+        plan_summary = _orchestrate_and_race(model, opset, threads, path_for_ort=model_onnx_path(model, opset),
+                                             feeds=feeds, progress=progress, log=log)
     return DemoReport(
         model=model, nodes=len(graph.nodes), params=graph.num_parameters(),
         gflops=graph_flops(graph) / 1e9, import_s=import_s, device=device.to_dict(),
         ort_median_ms=ort_t.median_s * 1e3, ort_cov=ort_t.cov, reference_ms=ref_s * 1e3,
-        max_rel_error=err, agree=err <= 1e-4, per_op=per_op)
+        max_rel_error=err, agree=err <= 1e-4, per_op=per_op, plan=plan_summary)
+
+
+def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: str, feeds, progress, log):
+    """Korch pipeline with measured kernel costs (cached in the store), then the plan against
+    ONNX Runtime on the original model, interleaved."""
+    import onnxruntime as ort
+
+    from ..graph.reference import rel_error
+    from ..measure.timer import pinned_threads
+    from ..plan.orchestrate import orchestrate
+    from ..runtime.executor import PlanExecutor
+
+    plan = orchestrate(model, opset=opset, cost="measured", progress=progress, log=log)
+    prim = plan.primitive_graph()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(path_for_ort, so, providers=["CPUExecutionProvider"])
+    with pinned_threads(threads):
+        ex = PlanExecutor(plan, prim, threads=threads)
+        outs = ex.run(feeds)
+        ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        timings = interleaved_medians({"onnxruntime": lambda: sess.run(None, feeds),
+                                       "tensorplan": ex.run_bound})
+    err = max(rel_error(outs[o], ref[o]) for o in prim.outputs if o in ref)
+    t_ort, t_plan = timings["onnxruntime"], timings["tensorplan"]
+    return {"kernels": len(plan.kernels), "primitives": plan.source.get("num_primitives"),
+            "solver": plan.solver.get("status"), "predicted_ms": plan.predicted_s * 1e3,
+            "optimise_s": plan.timing.get("total_s"), "backends": ex.backend_counts(),
+            "plan_median_ms": t_plan.median_s * 1e3, "plan_cov": t_plan.cov,
+            "ort_median_ms": t_ort.median_s * 1e3, "ort_cov": t_ort.cov,
+            "speedup_vs_ort": t_ort.median_s / t_plan.median_s,
+            "max_rel_error": err, "agree": err <= 1e-4}

@@ -1,0 +1,37 @@
+"""The README's main job (`tensorplan demo`) on a tiny zoo model: import, reference vs ONNX
+Runtime, per-op profile, orchestrated plan raced against ONNX Runtime."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from tensorplan.cli import app
+from tensorplan.workflows.demo import interleaved_medians, run_demo
+
+
+def test_demo_plan_runs_and_agrees(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORPLAN_STORE", str(tmp_path / "store.sqlite"))
+    rep = run_demo("tiny-mlp", threads=2)
+    assert rep.agree and rep.max_rel_error <= 1e-4
+    assert rep.nodes > 0 and rep.ort_median_ms > 0
+    assert sum(o.count for o in rep.per_op) >= 1
+    assert abs(sum(o.share for o in rep.per_op) - 1.0) < 1e-6
+    p = rep.plan
+    assert p["agree"] and p["kernels"] >= 1 and p["solver"] == "optimal"
+    assert p["plan_median_ms"] > 0 and p["speedup_vs_ort"] == p["ort_median_ms"] / p["plan_median_ms"]
+
+
+def test_demo_cli_json_without_orchestration():
+    res = CliRunner().invoke(app, ["demo", "tiny-cnn", "--no-orchestrate", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout[res.stdout.index("{"):])
+    assert d["agree"] is True and d["plan"] is None and d["device"]["kind"] == "cpu"
+
+
+def test_interleaved_medians_orders_fast_and_slow_work():
+    import time
+    t = interleaved_medians({"fast": lambda: None, "slow": lambda: time.sleep(0.002)}, rounds=4,
+                            per_round_s=0.01)
+    assert t["slow"].median_s > 10 * t["fast"].median_s
+    assert len(t["slow"].repeats) == 4
