@@ -1,0 +1,122 @@
+"""Render docs/results.md from the JSON files in bench/results/ (no number is typed by hand).
+
+Usage: python bench/summarize.py [--korch-dir bench/results/korch_final] [--out docs/results.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RES = ROOT / "bench" / "results"
+
+
+def load(name: str) -> dict | None:
+    p = RES / name
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def devices_section() -> list[str]:
+    d = load("device_numbers.json")
+    if not d:
+        return []
+    out = ["## This machine", "", f"`{d['command']}` — {d['machine'].get('model')}, "
+           f"{d['machine'].get('cores')} cores, load average at start {d['machine'].get('load_avg_at_start')}.", "",
+           "| threads | copy GB/s | triad GB/s | GEMM GFLOP/s (best backend) |", "|---|---|---|---|"]
+    for k, s in d["summary"].items():
+        out.append(f"| {k} | {s['copy_gbs']:.1f} | {s['triad_gbs']:.1f} | {s['gemm_gflops_best_backend']:.0f} |")
+    return out + [""]
+
+
+def store_section() -> list[str]:
+    d = load("store_throughput.json")
+    if not d:
+        return []
+    return ["## Measurement store", "", f"`{d['command']}`: batched inserts "
+            f"{d['median_measurements_per_s']:,.0f} measurements/s, {d['median_programs_per_s']:,.0f} programs/s, "
+            f"single puts {d['median_single_put_per_s']:,.0f}/s (median of {len(d['trials'])} trials of "
+            f"{d['records']:,} records; goal ≥ {d['goal_measurements_per_s']:,}/s).", ""]
+
+
+def import_section() -> list[str]:
+    d = load("import_check.json")
+    if not d:
+        return []
+    out = ["## Import and reference executor vs ONNX Runtime", "",
+           f"`python bench/import_check.py`; relative error = {d['rel_error']}; tolerance {d['tolerance']}.", "",
+           "| model | opset | nodes | import s (median) | max rel. error | pass |", "|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        out.append(f"| {r['model']} | {r['opset']} | {r['nodes']} | {r['import_s_median']:.3f} | "
+                   f"{r['max_rel_error']:.1e} | {'yes' if r['passed'] else 'NO'} |")
+    return out + [""]
+
+
+def kernels_section() -> list[str]:
+    d = load("korch_kernels.json")
+    if not d:
+        return []
+    out = ["## Memory-bound kernels: default TVM schedules", "",
+           "`python bench/korch_kernels.py`; bandwidth compared with a copy of the same bytes timed in "
+           "the same run.", "",
+           "| kernel | TVM default ms | GB/s | copy GB/s (same run) | fraction | ONNX Runtime ms | naive TVM ms |",
+           "|---|---|---|---|---|---|---|"]
+    for s in d["schedules"]:
+        naive = f"{s['naive_ms']:.1f}" if s.get("naive_ms") else "–"
+        out.append(f"| {s['kernel']} | {s['tvm_default_ms']:.2f} | {s['tvm_default_gbs']:.1f} | "
+                   f"{s['copy_same_bytes_gbs']:.1f} | {s['fraction_of_copy_now']:.2f} | {s['ort_ms']:.2f} | {naive} |")
+    ov = d.get("overhead", {}).get("call_overhead_us", {})
+    if ov:
+        out += ["", "Per-call overhead (µs): " + ", ".join(f"{k} {v:.2f}" for k, v in ov.items()) + "."]
+    return out + [""]
+
+
+def korch_section(kdir: Path) -> list[str]:
+    rows = []
+    for p in sorted(kdir.glob("korch_*.json")):
+        r = json.loads(p.read_text())
+        if "median_ms" in r:
+            rows.append(r)
+    if not rows:
+        return []
+    systems = ["onnxruntime", "pytorch", "torch.compile", "tensorplan", "greedy", "no-recompute", "no-fission"]
+    out = ["## Korch on this CPU (end to end)", "",
+           f"`python bench/korch_bench.py --results-dir {kdir.relative_to(ROOT)} ...` — every system timed "
+           "in one process, interleaved (random order each round), 2 threads, medians in ms. "
+           "`vs best` = best baseline / tensorplan (>1 means the plan is faster).", "",
+           "| model | " + " | ".join(systems) + " | vs best | × roofline | kernels | predicted ms | load avg (1 min, start→end) |",
+           "|---|" + "---|" * (len(systems) + 5)]
+    ratios = []
+    for r in rows:
+        m = r["median_ms"]
+        cells = [f"{m[s]:.1f}" if s in m else "–" for s in systems]
+        ratios.append(r["speedup_vs_best_baseline"])
+        la = [r.get("loadavg_start"), r.get("loadavg_end")]
+        load_avg = "–" if None in la else f"{la[0][0]:.1f}→{la[1][0]:.1f}"
+        out.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['speedup_vs_best_baseline']:.2f} | "
+                   f"{r['vs_roofline']:.2f} | {r['kernels_per_inference']} | {r['predicted_ms']:.1f} | {load_avg} |")
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    out += ["", f"Geomean speed-up over the best baseline: **{geo:.2f}×** over {len(ratios)} models."]
+    return out + [""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--korch-dir", default=str(RES / "korch_final"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
+    a = ap.parse_args()
+    lines = ["# Results", "",
+             "Generated by `python bench/summarize.py` from `bench/results/*.json`; each section names the "
+             "command that produced its numbers. Machine: the 2-core AMD EPYC (Zen 5, AVX-512) development VM, "
+             "shared and noisy — compare within a row, not across runs. CDMPP: [cdmpp.md](cdmpp.md); "
+             "CoDL: [codl.md](codl.md).", ""]
+    for sec in (devices_section(), store_section(), import_section(), kernels_section(),
+                korch_section(Path(a.korch_dir))):
+        lines += sec
+    Path(a.out).write_text("\n".join(lines) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
