@@ -411,8 +411,8 @@ def _fold(st: _State) -> bool:
                 shape = src.shape if src is not None else (st.shapes.get(ins[0]) or (None, None))[1]
                 if shape is not None:
                     # only the shape matters: a zero-stride view allocates nothing
-                    dummy = np.broadcast_to(np.zeros((), np.uint8), tuple(shape))
-                    val = run_node(n, [dummy])
+                    shape_only = np.broadcast_to(np.zeros((), np.uint8), tuple(shape))
+                    val = run_node(n, [shape_only])
             elif (all(i in st.consts for i in ins) and n.op in OPS and not n.domain
                   and n.op not in _NO_FOLD and not has_graph):
                 try:
