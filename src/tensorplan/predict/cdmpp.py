@@ -25,6 +25,7 @@ This module also holds the pieces every latency estimator shares (the `Estimator
 """
 from __future__ import annotations
 
+import abc
 import functools
 import io
 import json
@@ -267,7 +268,7 @@ def within_task_spearman(pred_s: np.ndarray, true_s: np.ndarray, task_key: np.nd
 # Estimator face (scikit-learn style) shared with baselines
 # --------------------------------------------------------------------------------------------
 
-class Estimator:
+class Estimator(abc.ABC):
     """Every latency model: params in `__init__`, `fit`, `predict` (seconds), `save`, `load`.
 
     `fit(train, val=None, target=None)`: `target` is optional unlabelled target-domain data that a
@@ -284,11 +285,13 @@ class Estimator:
         sig = inspect.signature(type(self).__init__)
         return {k: getattr(self, k) for k in sig.parameters if k != "self"}
 
-    def fit(self, train, val=None, target=None) -> "Estimator":  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def fit(self, train, val=None, target=None) -> "Estimator":
+        """Fit on `train` (validation `val` for model selection, unlabelled `target` for CMD)."""
 
-    def predict(self, records) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def predict(self, records) -> np.ndarray:
+        """Latency in seconds per program."""
 
     def finetune(self, data, base=None) -> "Estimator":
         """Adapt to labelled target-domain `data`; default: refit on `base` + `data`."""
@@ -297,11 +300,13 @@ class Estimator:
         return self.fit(ProgramArrays.concat([as_arrays(base), as_arrays(data)]))
 
     # state <-> bytes; subclasses implement _state/_set_state
-    def _state(self) -> dict[str, Any]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _state(self) -> dict[str, Any]:
+        """Everything `save` must keep (arrays, weights, normalisers)."""
 
-    def _set_state(self, state: dict[str, Any]) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _set_state(self, state: dict[str, Any]) -> None:
+        """Restore what `_state` returned."""
 
     def save(self, path: str | Path) -> Path:
         import torch
