@@ -13,6 +13,8 @@
 """
 from __future__ import annotations
 
+import abc
+
 import io
 import math
 import time
@@ -115,11 +117,13 @@ class TenSetXGB(Estimator):
 class _TorchRegressor(Estimator):
     """Shared training loop for the small torch baselines (MSE on standardised log latency)."""
 
-    def _make_net(self):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _make_net(self):
+        """The torch module this baseline trains."""
 
-    def _inputs(self, arr: ProgramArrays, idx: np.ndarray):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _inputs(self, arr: ProgramArrays, idx: np.ndarray):
+        """The network's input tensors for the records `idx`."""
 
     def _prepare(self, arr: ProgramArrays) -> None:
         """Fit input normalisers on the training data."""
