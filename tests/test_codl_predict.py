@@ -84,6 +84,7 @@ def test_estimators_on_shipped_data_roundtrip(tmp_path):
     m_codl = L.accuracy_metrics(codl.predict(te), np.array([s.latency_s for s in te]))
     m_flops = L.accuracy_metrics(L.FlopsLinear().fit(tr).predict(te), np.array([s.latency_s for s in te]))
     assert m_codl["acc10"] > 2 * m_flops["acc10"] and m_codl["rmspe"] < m_flops["rmspe"]
+    assert m_codl["acc10"] >= 0.85, m_codl  # the goal, on the committed quiet-machine data
     sh = L.SharingModel().fit(sharing)
     assert sh.sync_s > 0 and sh.time("trans_in", 10 ** 6) > sh.time("trans_in", 10 ** 4)
 

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ..errors import TensorplanError
-from .linear import KernelSample, OpShape, processor
+from .linear import KernelSample, OpShape, explicit_pad_bytes, processor
 
 OP_KIND = "codl-op"
 SHARE_KIND = "codl-share"
@@ -75,7 +75,7 @@ class PartKernel:
         self.w = torch.from_numpy(np.ascontiguousarray(weight, dtype=np.float32)) if weight is not None else None
         self.b = torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32)) if bias is not None else None
         self._packed = None
-        self.sym = op.pt == op.pb and op.pl == op.pr
+        self.sym = not explicit_pad_bytes(op)  # the predictor prices the same copy
         if op.kind == "conv":
             self._prepack()
 
@@ -115,7 +115,7 @@ class PartKernel:
                 x = F.pad(x, (op.pl, op.pr, op.pt, op.pb)).contiguous(memory_format=self.fmt)
             y = self._conv(x)
         else:
-            if op.pt or op.pb or op.pl or op.pr:
+            if not self.sym:
                 x = F.pad(x, (op.pl, op.pr, op.pt, op.pb), value=-math.inf if op.pool == "max" else 0.0)
             y = (F.max_pool2d if op.pool == "max" else F.avg_pool2d)(x, op.k, op.s)
         for fn in self.epilogue:

@@ -431,23 +431,43 @@ def channel_block(proc: str) -> int:
 # Estimators
 # --------------------------------------------------------------------------------------
 
+def explicit_pad_bytes(op: OpShape) -> int:
+    """Bytes of the padded input copy a part's kernel makes before computing (0 if none).
+
+    torch/oneDNN convolutions take only symmetric padding, so an H-split part with uneven pads
+    (its halo side has none) is padded by an explicit copy; pooling pads by copy whenever it pads
+    (max-pooling pads with -inf). `codl_data.PartKernel` decides with this same function."""
+    if op.kind == "fc":
+        return 0
+    symmetric = op.pt == op.pb and op.pl == op.pr
+    needs_copy = bool(op.pt or op.pb or op.pl or op.pr) if op.kind == "pool" else not symmetric
+    return 4 * (op.ih + op.pt + op.pb) * (op.iw + op.pl + op.pr) * op.ic if needs_copy else 0
+
+
 def kernel_class(op: OpShape) -> str:
-    """The per-implementation class a t_unit model is learned for."""
+    """The per-implementation class a t_unit model is learned for (a kernel that first copies its
+    input to pad it is a different implementation: suffix ``_pad``)."""
     if op.kind == "fc":
         return "fc"
     kind = "dw" if op.g > 1 else op.kind
-    return f"{kind}_k{op.k}s{op.s}"
+    return f"{kind}_k{op.k}s{op.s}" + ("_pad" if explicit_pad_bytes(op) else "")
 
 
 def _codl_features(op: OpShape, units: int, info: dict) -> tuple[list[str], list[float]]:
-    """Shape features of t_unit; `inv_units` lets the intercept-per-op (dispatch cost) be
-    expressed in the per-unit form: t·units = a·units + … + c."""
+    """Shape features of t_unit. `inv_units` lets the intercept-per-op (dispatch cost) be
+    expressed in the per-unit form (t·units = a·units + … + c); the bytes-per-unit terms carry
+    the layout reorders oneDNN does around the compute, the explicit pad copy, and (for
+    per-channel ops, which are memory-bound) `inv_cblocks` the per-pixel overhead that a
+    16-channel vector amortises only when there are many channels."""
+    per_unit = [op.in_bytes / units, op.out_bytes / units, explicit_pad_bytes(op) / units]
+    io = ["in_bytes_pu", "out_bytes_pu", "pad_bytes_pu"]
     if op.kind == "conv" and op.g == 1:
-        return (["ic", "wtile", "ic_x_wtile", "iw_ic", "inv_units"],
-                [op.ic, info["wtile"], op.ic * info["wtile"], op.iw * op.ic, 1.0 / units])
+        return (["ic", "wtile", "ic_x_wtile", "iw_ic", "inv_units", *io],
+                [op.ic, info["wtile"], op.ic * info["wtile"], op.iw * op.ic, 1.0 / units, *per_unit])
     if op.kind in ("pool", "conv"):  # pooling and depthwise conv: per-channel windows
-        return (["wtile", "k2", "iw", "inv_units"], [info["wtile"], op.k * op.k, op.iw, 1.0 / units])
-    return (["ic", "oc", "inv_units"], [op.ic, op.oc, 1.0 / units])
+        return (["wtile", "k2", "iw", "inv_units", *io, "inv_cblocks"],
+                [info["wtile"], op.k * op.k, op.iw, 1.0 / units, *per_unit, 1.0 / _cdiv(op.oc, 16)])
+    return (["ic", "oc", "inv_units", *io], [op.ic, op.oc, 1.0 / units, *per_unit])
 
 
 def _kernel_samples(samples: Iterable[KernelSample]) -> list[KernelSample]:
