@@ -73,6 +73,24 @@ def test_components_and_memory_overhead(pair):
     assert np.median(pair.measure_sync(20)) < 0.05
 
 
+def test_whole_model_runs_and_matches_ort(pair):
+    """RetinaFace end to end: planned segments co-executed, Concat/Reshape/… on the CPU alone."""
+    from tensorplan.graph import load_model
+    from tensorplan.plan.coexec import chain_links, extract_ops, plan_ops
+    from tensorplan.runtime.coexecutor import fit_local_cost, model_steps, run_model
+
+    graph = load_model("retinaface")
+    ops = extract_ops(graph)
+    plan = plan_ops([o.shape for o in ops], fit_local_cost(None, pair), chain_links(graph, ops), "greedy")
+    steps = model_steps(graph, ops, plan)
+    assert sorted(i for kind, i in steps if kind == "segment") == list(range(len(plan.segments)))
+    assert any(kind == "cpu" for kind, _ in steps)
+    res = run_model(graph, ops, plan, pair, repeats=1)["plans"]["plan"]
+    assert res["max_rel_err_vs_ort"] <= 1e-4 and res["steps"]["zero_copy_inputs"] > 0
+    m = res["median_s"]
+    assert m["segments"] > 0 and m["cpu_ops"] > 0 and m["total"] >= m["segments"] + m["cpu_ops"]
+
+
 @pytest.mark.gpu
 def test_cuda_coexec_exact():
     torch = pytest.importorskip("torch")

@@ -80,5 +80,17 @@ def register(app: typer.Typer) -> None:
                       f"{s['predicted']['total'] * 1e3:.3f}", f"{s['measured_min']['total'] * 1e3:.3f}",
                       f"{s['predicted']['total'] / s['measured_min']['total'] - 1:+.0%}")
         con.print(t)
-        con.print(f"total predicted {res['predicted_s'] * 1e3:.2f} ms, measured {res['measured_min_s'] * 1e3:.2f} ms "
-                  f"(min) / {res['measured_median_s'] * 1e3:.2f} ms (median); {res['note']}")
+        con.print(f"segments: predicted {res['predicted_s'] * 1e3:.2f} ms, measured {res['measured_min_s'] * 1e3:.2f} ms "
+                  f"(min) / {res['measured_median_s'] * 1e3:.2f} ms (median)")
+        w = res.get("whole_model")
+        if w:
+            t = Table(title=f"{model}: whole model, medians of {repeats} interleaved rounds")
+            for c in ("run", "ms", "segments ms", "cpu-only ops ms", "hand-off ms", "max rel err vs ORT"):
+                t.add_column(c, justify="right")
+            for name, v in w["plans"].items():
+                m = v["median_s"]
+                t.add_row(name, f"{m['total'] * 1e3:.2f}", f"{m['segments'] * 1e3:.2f}", f"{m['cpu_ops'] * 1e3:.2f}",
+                          f"{m['handoff'] * 1e3:.2f}", f"{v['max_rel_err_vs_ort']:.1e}")
+            for k, v in w["ort_median_s"].items():
+                t.add_row(k.replace("_", " "), f"{v * 1e3:.2f}", "", "", "", "")
+            con.print(t)

@@ -203,8 +203,9 @@ def run_onnxruntime(graph_or_model: Graph | onnx.ModelProto, feeds: dict[str, np
     return dict(zip(names, res))
 
 
-def ort_session(graph_or_model: Graph | onnx.ModelProto, threads: int = 2):
-    """An ORT InferenceSession (CPU, ORT_ENABLE_ALL, `threads` intra-op threads)."""
+def ort_session(graph_or_model: Graph | onnx.ModelProto, threads: int = 2, spinning: bool = True):
+    """An ORT InferenceSession (CPU, ORT_ENABLE_ALL, `threads` intra-op threads). `spinning=False`
+    stops its pool threads busy-waiting after a run, when other work shares the cores."""
     import onnxruntime as ort
     model = graph_to_onnx(graph_or_model) if isinstance(graph_or_model, Graph) else graph_or_model
     so = ort.SessionOptions()
@@ -212,6 +213,8 @@ def ort_session(graph_or_model: Graph | onnx.ModelProto, threads: int = 2):
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     except Exception as e:

@@ -419,6 +419,7 @@ class PreparedJob:
     home_in: np.ndarray
     home_out: np.ndarray
     cpu_buf: np.ndarray | None
+    owns_input: bool = True   # False: the input home buffer is another job's output buffer
 
 
 class ProcessPair:
@@ -505,22 +506,32 @@ class ProcessPair:
             raise TensorplanError(f"co-executor worker: {r[1]}")
         return r
 
-    def prepare(self, job: CoexecJob) -> PreparedJob:
-        """Allocate the home buffers, pre-slice and pre-pack weights on both sides."""
+    def prepare(self, job: CoexecJob, input_from: PreparedJob | None = None) -> PreparedJob:
+        """Allocate the home buffers, pre-slice and pre-pack weights on both sides.
+
+        `input_from`: a job whose output *is* this job's input (same home shape); its output
+        buffer becomes this job's input buffer, so consecutive operators pass the tensor
+        without a copy, as CoDL keeps tensors in the GPU's memory between operators."""
         gpu, cpu = side_plans(job)
         in_shape, out_shape = _home_shape(job.ops[0]), _out_shape(job.ops[-1])
-        a = shared_memory.SharedMemory(create=True, size=max(_nbytes(in_shape), 4))
+        if input_from is not None and input_from.home_out.shape != in_shape:
+            raise TensorplanError(f"prepare: input_from's output {input_from.home_out.shape} is not this "
+                                  f"job's input {in_shape}")
         b = shared_memory.SharedMemory(create=True, size=max(_nbytes(out_shape), 4))
-        home_in = np.ndarray(in_shape, np.float32, buffer=a.buf)
         home_out = np.ndarray(out_shape, np.float32, buffer=b.buf)
-        home_in[...] = 0
+        if input_from is None:
+            a = shared_memory.SharedMemory(create=True, size=max(_nbytes(in_shape), 4))
+            home_in = np.ndarray(in_shape, np.float32, buffer=a.buf)
+            home_in[...] = 0
+        else:
+            a, home_in = input_from.shm_out, input_from.home_out
         jid = self._next
         self._next += 1
         if gpu is not None:
             self._call(("setup", jid, gpu, a.name, in_shape, b.name, out_shape))
         cpu_kernels = _build_kernels(cpu, "nchw") if cpu is not None else []
         cpu_buf = np.empty(_side_input(home_in, cpu).shape, np.float32) if cpu is not None else None
-        pj = PreparedJob(jid, job, gpu, cpu, cpu_kernels, a, b, home_in, home_out, cpu_buf)
+        pj = PreparedJob(jid, job, gpu, cpu, cpu_kernels, a, b, home_in, home_out, cpu_buf, input_from is None)
         self._jobs[jid] = pj
         return pj
 
@@ -531,7 +542,7 @@ class ProcessPair:
             return
         if p.gpu is not None and self._proc.poll() is None:
             self._call(("free", jid))
-        for s in (p.shm_in, p.shm_out):
+        for s in ((p.shm_in, p.shm_out) if p.owns_input else (p.shm_out,)):
             s.close()
             s.unlink()
 
@@ -853,12 +864,190 @@ def fit_local_cost(data_dir=None, pair: "ProcessPair | None" = None, max_spread:
     return CoexecCost(pred, SharingModel().fit(sharing), "cpu", "cpu2", 16, "overlap")
 
 
+def model_steps(graph: Graph, ops: Sequence[Any], plan: Any) -> list[tuple[str, Any]]:
+    """Execution steps of a whole model in graph order: ``("segment", i)`` runs plan segment i
+    (its ops and their fused epilogues) on both processors; ``("cpu", [node names])`` runs a
+    maximal run of the other nodes on the CPU alone (one ONNX Runtime session, 1 thread).
+
+    A segment runs at the position of its first node: its later nodes' inputs are produced
+    inside the segment (chain links and epilogues have a single consumer), so nothing between
+    them in graph order can need them."""
+    owner: dict[str, int] = {}
+    for i, seg in enumerate(plan.segments):
+        for c in ops[seg.start:seg.end]:
+            owner[c.node.name] = i
+            for e in c.epilogue:
+                owner[e.name] = i
+    steps: list[tuple[str, Any]] = []
+    run: list[str] = []
+    started: set[int] = set()
+    for n in graph.nodes:
+        i = owner.get(n.name)
+        if i is None:
+            run.append(n.name)
+            continue
+        if run:
+            steps.append(("cpu", run))
+            run = []
+        if i not in started:
+            started.add(i)
+            steps.append(("segment", i))
+    if run:
+        steps.append(("cpu", run))
+    return steps
+
+
+class ModelRunner:
+    """One plan of a whole model, prepared: partitioned segments on the pair, every other
+    operator on the CPU side alone (one ONNX Runtime session, 1 thread, per maximal run).
+
+    A segment that reads the previous segment's output takes that home buffer as its own input
+    (no copy), as CoDL keeps tensors in the GPU's memory between operators; a tensor crosses
+    to NCHW only where a CPU-only operator or a graph output needs it."""
+
+    def __init__(self, graph: Graph, ops: Sequence[Any], plan: Any, pair: "ProcessPair"):
+        from ..graph.to_onnx import ort_session
+
+        self.graph, self.pair = graph, pair
+        self.steps = model_steps(graph, ops, plan)
+        self.cpu_sessions: dict[int, tuple] = {}
+        self.prepared: dict[int, tuple] = {}
+        produced_by: dict[str, int] = {}      # segment output tensor -> its step
+        in_place: set[str] = set()            # tensors a segment reads straight from a home buffer
+        try:
+            for k, (kind, what) in enumerate(self.steps):
+                if kind == "cpu":
+                    sess = ort_session(graph.subgraph(what, f"{graph.name}.cpu{k}"), threads=1)
+                    self.cpu_sessions[k] = (sess, [i.name for i in sess.get_inputs()],
+                                            [o.name for o in sess.get_outputs()])
+                    continue
+                seg = plan.segments[what]
+                cos = ops[seg.start:seg.end]
+                job = CoexecJob([c.shape for c in cos], [op_weights(graph, c) for c in cos], seg.dim, seg.ratio,
+                                [epilogue_specs(graph, c.epilogue, c.node.outputs[0]) for c in cos], 16)
+                src = self.prepared.get(produced_by.get(cos[0].input, -1))
+                if src is not None and src[0].home_out.shape != _home_shape(cos[0].shape):
+                    src = None                # e.g. an FC reading a flattened conv output
+                self.prepared[k] = (pair.prepare(job, src[0] if src else None), cos[0].input, cos[-1].output,
+                                    src is not None)
+                produced_by[cos[-1].output] = k
+                if src is not None:
+                    in_place.add(cos[0].input)
+        except BaseException:
+            self.free()
+            raise
+        seg_first = {ops[seg.start].node.name for seg in plan.segments}
+        cons = graph.consumers()
+        self.need_nchw = {y for y in produced_by if y in graph.outputs or y not in in_place
+                          or any(n.name not in seg_first for n in cons.get(y, []))}
+
+    def stats(self) -> dict[str, int]:
+        return {"segments": len(self.prepared), "cpu_runs": len(self.cpu_sessions),
+                "zero_copy_inputs": sum(p[3] for p in self.prepared.values()),
+                "cpu_nodes": sum(len(w) for kind, w in self.steps if kind == "cpu")}
+
+    def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """One inference: (all values, seconds spent in segments / CPU-only ops / hand-off / total)."""
+        vals = dict(feeds)
+        tm = {"segments": 0.0, "cpu_ops": 0.0, "handoff": 0.0}
+        t_all = time.perf_counter()
+        for k, (kind, _) in enumerate(self.steps):
+            if kind == "cpu":
+                sess, ins, outs = self.cpu_sessions[k]
+                a = time.perf_counter()
+                res = sess.run(outs, {n: vals[n] for n in ins})
+                tm["cpu_ops"] += time.perf_counter() - a
+                vals.update(zip(outs, res))
+                continue
+            pj, x_name, y_name, zero_copy = self.prepared[k]
+            a = time.perf_counter()
+            if not zero_copy:
+                self.pair.load_input(pj, vals[x_name])
+            b = time.perf_counter()
+            self.pair.run(pj)
+            c = time.perf_counter()
+            if y_name in self.need_nchw:
+                vals[y_name] = self.pair.output(pj).reshape(self.graph.tensors[y_name].shape)
+            d = time.perf_counter()
+            tm["segments"] += c - b
+            tm["handoff"] += (b - a) + (d - c)
+        tm["total"] = time.perf_counter() - t_all
+        return vals, tm
+
+    def free(self) -> None:
+        for pj, *_ in reversed(list(self.prepared.values())):   # readers of a shared buffer first
+            self.pair.free(pj)
+        self.prepared = {}
+
+
+def run_model(graph: Graph, ops: Sequence[Any], plans: Any, pair: "ProcessPair", repeats: int = 5,
+              feeds: dict[str, np.ndarray] | None = None) -> dict:
+    """Run the whole model under each plan (`plans`: one plan or {name: plan}, e.g. CoDL, CPU
+    only, GPU only) and ONNX Runtime on the full model at 1 and 2 threads, interleaved round by
+    round on the same cores; every plan's outputs are checked against ONNX Runtime.
+
+    Returns per plan the median seconds (total, segments, CPU-only ops, hand-off), speedups over
+    ONNX Runtime, the max relative error and the step counts."""
+    from ..graph.reference import random_feeds, rel_error
+    from ..graph.to_onnx import ort_session
+
+    plans = plans if isinstance(plans, dict) else {"plan": plans}
+    feeds = feeds or random_feeds(graph, 0)
+    runners: dict[str, ModelRunner] = {}
+    try:
+        for name, plan in plans.items():
+            runners[name] = ModelRunner(graph, ops, plan, pair)
+        stats = {name: r.stats() for name, r in runners.items()}
+        # full-model ORT baselines; the pool threads of the 2-thread session keep both cores and
+        # do not spin after a run (that would steal the cores from the co-execution rounds)
+        old = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else None
+        if old is not None:
+            os.sched_setaffinity(0, set(pair.cores))
+        try:
+            base = {t: ort_session(graph, threads=t, spinning=False) for t in (1, 2)}
+        finally:
+            if old is not None:
+                os.sched_setaffinity(0, old)
+        in_names = {t: [i.name for i in b.get_inputs()] for t, b in base.items()}
+
+        def run_base(t: int) -> float:
+            a = time.perf_counter()
+            base[t].run(None, {n: feeds[n] for n in in_names[t]})
+            return time.perf_counter() - a
+
+        ref = dict(zip([o.name for o in base[2].get_outputs()], base[2].run(None, {n: feeds[n] for n in in_names[2]})))
+        run_base(1)
+        errs = {}
+        for name, r in runners.items():            # warm-up, and the outputs to check
+            vals, _ = r.run(feeds)
+            errs[name] = max(rel_error(vals[o], ref[o]) for o in graph.outputs if o in ref)
+        rounds: dict[str, list[dict[str, float]]] = {name: [] for name in runners}
+        ort_rounds: list[dict[str, float]] = []
+        for _ in range(repeats):                    # interleaved: every plan, ORT 1t, ORT 2t
+            for name, r in runners.items():
+                rounds[name].append(r.run(feeds)[1])
+            ort_rounds.append({"ort_1t": run_base(1), "ort_2t": run_base(2)})
+    finally:
+        for r in runners.values():
+            r.free()
+    ort_med = {k: float(np.median([r[k] for r in ort_rounds])) for k in ort_rounds[0]}
+    out = {"ort_median_s": ort_med, "ort_rounds": ort_rounds, "plans": {}}
+    for name, rs in rounds.items():
+        med = {k: float(np.median([r[k] for r in rs])) for k in rs[0]}
+        out["plans"][name] = {"steps": stats[name], "median_s": med, "rounds": rs,
+                              "max_rel_err_vs_ort": errs[name],
+                              "speedup_vs_ort_1t": ort_med["ort_1t"] / med["total"],
+                              "speedup_vs_ort_2t": ort_med["ort_2t"] / med["total"]}
+    return out
+
+
 def coexec_model(spec: str, method: str = "greedy", data_dir=None, repeats: int = 5,
-                 max_segments: int | None = None, check: bool = True) -> dict:
+                 max_segments: int | None = None, check: bool = True, whole_model: bool = True) -> dict:
     """Plan `spec`'s partitionable ops for the cpu+cpu2 stand-in and co-execute every segment
     on real processes: predicted vs measured (min and median of `repeats`) per segment and in
-    total, components, max error vs the unsplit result, and a timeline (ops only; the
-    model's other ops are not run here)."""
+    total, components, max error vs the unsplit result, and a timeline of the segments; with
+    `whole_model`, also the whole model end to end (`run_model`: other operators on the CPU,
+    checked and timed against ONNX Runtime at 1 and 2 threads, interleaved)."""
     from ..graph import load_model
     from ..plan.coexec import chain_links, extract_ops, plan_ops
 
@@ -895,10 +1084,17 @@ def coexec_model(spec: str, method: str = "greedy", data_dir=None, repeats: int 
                          "ratio": seg.ratio, "predicted": seg.cost.to_dict(), "measured_min": best.to_dict(),
                          "measured_median_s": float(np.median([r.total for r in runs])), "max_abs_err": err,
                          "memory": memory_overhead(job)})
+        whole = None
+        if whole_model:
+            shapes, links = [o.shape for o in ops], chain_links(graph, ops)
+            whole = run_model(graph, ops, {"codl": plan, "cpu_only": plan_ops(shapes, cost, links, "cpu"),
+                                           "gpu_only": plan_ops(shapes, cost, links, "gpu")}, pair, repeats)
     pred = sum(s["predicted"]["total"] for s in segs)
     meas = sum(s["measured_min"]["total"] for s in segs)
     return {"model": spec, "processors": ["cpu", "cpu2"], "method": method, "plan": plan.to_dict(),
             "segments": segs, "predicted_s": pred, "measured_min_s": meas,
             "measured_median_s": sum(s["measured_median_s"] for s in segs),
             "relative_error": pred / meas - 1.0 if meas > 0 else None, "events": events,
-            "note": "partitionable ops only (Conv/Pool/FC with fused elementwise epilogues)"}
+            "whole_model": whole,
+            "note": "segments: partitionable ops (Conv/Pool/FC with fused elementwise epilogues); "
+                    "whole_model: every operator, the others on the CPU alone"}
