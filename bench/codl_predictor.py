@@ -11,28 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from tensorplan.devices.detect import machine_info
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "codl"
 OUT = ROOT / "bench" / "results" / "codl_predictor.json"
-
-
-def machine() -> dict:
-    import torch
-
-    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": __import__("os").cpu_count()}
-    try:
-        info["cpu"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return info
 
 
 def do_collect(args) -> None:
@@ -68,7 +57,7 @@ def do_compare(args) -> dict:
 
     samples, sharing = load_compact(DATA)
     stable = [s for s in samples if s.spread <= args.max_spread]
-    res = {"machine": machine(), "n_samples": len(samples), "n_stable": len(stable),
+    res = {"machine": machine_info(), "n_samples": len(samples), "n_stable": len(stable),
            "latency_stat": "min of repeats (interference on the shared 2-core machine only adds time)",
            "max_spread": args.max_spread, "protocols": {}}
     ests = lambda: [L.CodlPredictor(), L.FlopsLinear(), L.RandomForestPredictor()]  # noqa: E731

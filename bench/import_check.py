@@ -9,32 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-
-def machine_info() -> dict:
-    import onnx
-    import onnxruntime
-    import torch
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": sys.version.split()[0], "numpy": np.__version__, "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__, "torch": torch.__version__}
+from tensorplan.devices.detect import machine_info
 
 
 def main() -> None:

@@ -14,29 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from tensorplan.devices.detect import machine_info
+
 DEFAULT_MODELS = ["tiny-attention", "tiny-style", "candy", "mobilenet-v2", "resnet-50", "yolox-nano",
                   "efficientvit-b1", "segformer-b0", "bert-base", "vit-b16", "yolov4"]
-
-
-def machine() -> dict:
-    import numpy
-    import onnxruntime
-    import scipy
-    info = {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
-            "scipy": scipy.__version__, "numpy": numpy.__version__, "onnxruntime": onnxruntime.__version__}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except Exception:
-        pass
-    return info
 
 
 def check_fission(name: str, opset: int, g, prim) -> float:
@@ -120,7 +106,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="also check fission numerics vs ONNX Runtime")
     ap.add_argument("-o", "--output", default="bench/results/korch_candidates.json")
     a = ap.parse_args()
-    out = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    out = {"machine": machine_info(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "command": " ".join(sys.argv), "models": []}
     for m in a.models.split(","):
         name, _, ops = m.partition(":")

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -22,29 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tensorplan.devices.detect import machine_info
+
 # reference/baselines.md: (GFLOPs, params in millions)
 BASELINE = {"candy": (15.43, 1.68), "segformer-b0": (15.53, 3.71), "resnet-50": (8.17, 23.51),
             "bert-base": (22.35, 108.89), "vit-b16": (35.13, 85.80), "mobilenet-v2": (0.60, 3.50),
             "yolox-nano": (1.05, 0.91)}
-
-
-def machine_info() -> dict:
-    import onnx
-    import onnxruntime
-    import torch
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": sys.version.split()[0], "numpy": np.__version__, "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
-            "load_avg_1m": os.getloadavg()[0]}
 
 
 def linear_flops(model) -> int:

@@ -239,3 +239,11 @@ def test_cli_devices_json(shared_cache):
     assert names[0] == "local" and "local-1t" in names
     assert all(d["measured"] and d["mem_bw_gbs"] > 0 for d in out["local"] if d["kind"] == "cpu")
     assert {d["name"] for d in out["catalog"]} >= {"h100-sxm", "sd855-gpu", "kirin990-gpu"}
+
+
+def test_machine_info_describes_this_machine():
+    from tensorplan.devices.detect import machine_info
+    info = machine_info(threads=2)
+    assert info["cpu"] and info["cores"] == os.cpu_count() and info["threads"] == 2
+    assert info["versions"]["numpy"] == np.__version__ and "onnxruntime" in info["versions"]
+    assert len(info["loadavg"]) == 3

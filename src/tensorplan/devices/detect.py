@@ -60,6 +60,24 @@ def _parse_size_kb(s: str) -> float:
         return 0.0
 
 
+def machine_info(**extra: Any) -> dict[str, Any]:
+    """What every benchmark JSON records about the machine it ran on: CPU model, cores, platform,
+    Python and library versions, and the load average at the time of the call (the numbers of a
+    shared machine mean little without it). `extra` is merged in (e.g. ``threads=2``)."""
+    import importlib
+    info: dict[str, Any] = {"cpu": cpu_info()["model"], "cores": os.cpu_count(), "platform": platform.platform(),
+                            "python": platform.python_version(), "versions": {}}
+    for lib in ("numpy", "scipy", "onnx", "onnxruntime", "torch", "tvm"):
+        try:
+            info["versions"][lib] = importlib.import_module(lib).__version__
+        except (ImportError, AttributeError):
+            continue
+    with contextlib.suppress(OSError):
+        info["loadavg"] = list(os.getloadavg())
+    info.update(extra)
+    return info
+
+
 def cpu_info() -> dict[str, Any]:
     """Model, vendor, cores, usable threads, clock, caches and ISA flags of this CPU (no measuring)."""
     text = _read("/proc/cpuinfo")
