@@ -126,15 +126,22 @@ sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([A, B])})); sch.w
 sch.parallel(sch.get_loops(sch.get_sblock("B"))[0])
 lib = tvm.compile(sch.mod, target=tvm.target.Target({"kind": "llvm", "num-cores": 2})).jit()
 args = [tvm.runtime.tensor(np.random.rand(256, 4096).astype("float32")), tvm.runtime.tensor(np.zeros((256, 4096), "float32"))]
-best = 9.0
+import time
+best, busy = 9.0, 0.0
 for _ in range(3):
     t = D._time_lib(lib, args, [1, 2], min_repeat_s=2e-5, max_kernel_s=0.5, repeats=9)
     best = min(best, t[2].median_s / t[1].median_s)
-print(best)
+    c0, w0 = time.process_time(), time.perf_counter()
+    D._time_lib(lib, args, [2], min_repeat_s=2e-5, max_kernel_s=0.5, repeats=9)
+    busy = max(busy, (time.process_time() - c0) / (time.perf_counter() - w0))
+print(best, busy)
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300)
-    ratio = float(out.stdout.strip().splitlines()[-1])
-    assert ratio < 0.85, f"2-thread / 1-thread time = {ratio:.2f}: the second worker is not used"
+    ratio, busy = map(float, out.stdout.strip().splitlines()[-1].split())
+    # Faster with 2 threads, or (when another test occupies the second core) at least more than one
+    # core's worth of CPU time per second of wall time: a single worker can never exceed 1.0.
+    assert ratio < 0.85 or busy > 1.15, (f"2-thread / 1-thread time = {ratio:.2f}, CPU/wall = {busy:.2f}: "
+                                         "the second worker is not used")
 
 
 def test_split_by_network_holds_out_unseen_tasks(tmp_path):
