@@ -5,7 +5,8 @@ Per model: median latency of every system (rotating order, 50 ms pauses so spinn
 pools park), ratio to the best baseline, kernels per inference, predicted (sum of profiled
 kernels) vs measured end-to-end, optimisation time split (enumerate / profile / solve), and
 distance to the roofline bound (FLOPs / measured peak, minimum bytes / measured bandwidth).
-Ablations: no fission, greedy fusion over the same measured kernels, no recomputation.
+Ablations: no ONNX Runtime regions (Korch's kernels only), no fission, greedy fusion over the
+same measured kernels, no recomputation.
 
 Resumable: kernel timings live in the measurement store (a killed run re-profiles nothing it
 already measured) and each finished model is written to `bench/results/korch_<model>.json`
@@ -191,7 +192,9 @@ def bench_model(name: str, args, store) -> dict:
     cm = MeasuredCost(store=store, device=spec, threads=args.threads, budget_s=args.kernel_budget)
     plans = {}
     opts = dict(max_nodes=args.max_nodes, time_limit=args.time_limit, progress=not args.no_progress,
-                linear_epilogue=args.epilogue)
+                linear_epilogue=args.epilogue, kernel_overhead_s=args.kernel_overhead)
+    res["kernel_overhead_s"] = args.kernel_overhead
+    res["kernel_overhead_from"] = args.kernel_overhead_from
     res["linear_epilogue"] = args.epilogue
     t0 = time.perf_counter()
     plans["tensorplan"] = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}"), **opts)
@@ -202,6 +205,8 @@ def bench_model(name: str, args, store) -> dict:
     res["cost_stats"] = dict(cm.stats)
     prims = {"tensorplan": fission(g).graph}
     if not args.no_ablations:
+        plans["no-regions"] = orchestrate(name, cost=cm, regions=False, **opts)
+        prims["no-regions"] = prims["tensorplan"]
         plans["greedy"] = orchestrate(name, cost=cm, method="greedy", **opts)
         prims["greedy"] = prims["tensorplan"]
         plans["no-recompute"] = orchestrate(name, cost=cm, recompute=False, **opts)
@@ -293,7 +298,8 @@ def bench_model(name: str, args, store) -> dict:
                                                                   "total_s")}
         res["candidates"] = p.stats.get("enumeration", {}).get("candidates")
         res["unique_candidates"] = p.stats.get("enumeration", {}).get("unique_hashes")
-        for key in ("greedy", "no-recompute", "no-fission"):
+        res["ort_regions"] = p.stats.get("ort_regions")
+        for key in ("no-regions", "greedy", "no-recompute", "no-fission"):
             if key in med:
                 res.setdefault("ablations", {})[key] = {"median_ms": med[key] * 1e3, "slowdown": med[key] / tp,
                                                         "kernels": len(plans[key].kernels),
@@ -301,6 +307,27 @@ def bench_model(name: str, args, store) -> dict:
     res["loadavg_end"] = list(os.getloadavg())
     res["finished"] = time.time()
     return res
+
+
+def resolve_overhead(value: str, results_dir: Path) -> tuple[float, str]:
+    """The per-kernel overhead for the objective: a number, or 'auto' = the median over earlier
+    per-model results of (measured - predicted) / kernels for the plan without regions (the
+    'no-regions' ablation, or the main plan of results made before regions existed)."""
+    if value != "auto":
+        return float(value), "command line"
+    per = []
+    for p in sorted(results_dir.glob("korch_*.json")):
+        r = json.loads(p.read_text())
+        if "median_ms" not in r:
+            continue
+        ab = (r.get("ablations") or {}).get("no-regions")
+        if ab:
+            per.append((ab["median_ms"] - ab["predicted_ms"]) / 1e3 / ab["kernels"])
+        elif not r.get("ort_regions") and r.get("kernels_per_inference"):
+            per.append((r["measured_ms"] - r["predicted_ms"]) / 1e3 / r["kernels_per_inference"])
+    if not per:
+        return 0.0, f"no earlier results in {results_dir}"
+    return max(0.0, statistics.median(per)), f"median of {len(per)} models in {results_dir}"
 
 
 def summarize(per_model: dict, machine: dict) -> dict:
@@ -329,6 +356,11 @@ def main(argv=None) -> int:
     ap.add_argument("--store", default=None, help="measurement store (default: tensorplan's)")
     ap.add_argument("--epilogue", action=argparse.BooleanOptionalAction, default=True,
                     help="let a linear primitive absorb an elementwise epilogue (Conv+bias+ReLU as one kernel)")
+    ap.add_argument("--kernel-overhead", default="auto",
+                    help="seconds added per kernel in the BLP objective; 'auto' = median over the models in "
+                         "--overhead-from of (measured - predicted) / kernels of the region-free plan")
+    ap.add_argument("--overhead-from", default=str(RESULTS / "korch_final"),
+                    help="earlier results directory that 'auto' derives the per-kernel overhead from")
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--no-relax", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
@@ -342,6 +374,8 @@ def main(argv=None) -> int:
     args.kernel_budget = args.kernel_budget or (0.02 if args.quick else 0.05)
     if args.quick:
         args.no_relax = True
+    args.kernel_overhead, args.kernel_overhead_from = resolve_overhead(args.kernel_overhead, Path(args.overhead_from))
+    log(f"per-kernel overhead in the objective: {args.kernel_overhead * 1e6:.1f} us ({args.kernel_overhead_from})")
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from tensorplan.measure.store import Store
     from tensorplan.measure.timer import pinned_threads

@@ -28,6 +28,14 @@ def register(app: typer.Typer) -> None:
         method: str = typer.Option("blp", help="blp (Korch), greedy (greedy fusion) or none (no fusion)."),
         no_cuts: bool = typer.Option(False, "--no-cuts", help="Solve the BLP without the valid cuts."),
         time_limit: float = typer.Option(60.0, "--time-limit", help="Solver time limit (seconds)."),
+        regions: bool = typer.Option(True, "--regions/--no-regions",
+                                     help="Also offer ONNX Runtime regions (runs of original operators as one "
+                                          "session) to the BLP; needs --cost measured."),
+        region_segments: int = typer.Option(8, "--region-segments",
+                                            help="Longest region, in linear-operator segments (dyadic beyond)."),
+        kernel_overhead: float = typer.Option(0.0, "--kernel-overhead",
+                                              help="Seconds added per kernel in the BLP objective (boundary cost "
+                                                   "solo timings miss; bench/korch_bench.py derives one)."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
     ) -> None:
         """Fission, enumerate candidate kernels, cost them, solve the BLP, write a verified plan."""
@@ -39,6 +47,8 @@ def register(app: typer.Typer) -> None:
                    cost=cost, max_nodes=max_nodes, max_reduces=None if max_reduces < 0 else max_reduces,
                    linear_epilogue=linear_epilogue, recompute=not no_recompute, cuts=not no_cuts,
                    time_limit=time_limit, method=method, progress=not as_json,
+                   regions=None if regions else False, region_segments=region_segments,
+                   kernel_overhead_s=kernel_overhead,
                    log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
         if output is not None:
             plan.save(output)
@@ -58,6 +68,11 @@ def register(app: typer.Typer) -> None:
                   f"{'-' if gap is None else f'{gap:.2e}'}, {sv.get('solve_s', 0):.2f}s, "
                   f"{sv.get('variables')} vars / {sv.get('constraints')} rows")
         t.add_row("recomputed primitives", str(summ["recomputed_primitives"]))
+        reg = plan.stats.get("ort_regions") or {}
+        if reg.get("candidates"):
+            t.add_row("ONNX Runtime regions", f"{reg.get('kernels_after_merge', 0)} kernels covering "
+                      f"{reg.get('primitives', 0)} of {plan.source.get('num_primitives')} primitives "
+                      f"({reg['candidates']} region candidates)")
         t.add_row("buffer arena", f"{summ['arena_bytes'] / 2**20:.1f} MiB in {len(plan.slots)} slots")
         tm = plan.timing
         t.add_row("time", ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in tm.items()))

@@ -119,6 +119,8 @@ class AnalyticalCost:
         self.launch_s = launch_s if launch_s is not None else (5e-6 if kind == "gpu" else 2e-6)
 
     def cost(self, prim: Graph, cand: "Candidate") -> float:
+        if cand.kind == "region":
+            return math.inf  # what ONNX Runtime fuses inside a region is unknown until timed
         flops, nbytes = kernel_work(prim, cand)
         return max(flops / self.peak_flops, nbytes / self.bandwidth) + self.launch_s
 

@@ -9,7 +9,8 @@ Per candidate kind:
   plan that alternates backends their OpenMP pool must be woken for every call, and
   measured end to end on the shared 2-core machine the torch kernels cost 5-7x their
   solo time (ResNet-50: 26 torch convs, plan 0.18x of ORT; bench/results/);
-- opaque: ONNX Runtime.
+- opaque: ONNX Runtime;
+- region (several original operators, plan/regions.py): one ONNX Runtime session over them.
 ONNX Runtime is timed at full threads and at one thread. The fastest variant wins
 (Korch's min over profilers) and is recorded as the plan kernel's backend + schedule.
 
@@ -45,6 +46,7 @@ class MeasuredCost:
     """Korch-style profiling cost model (see module docstring)."""
 
     name = "measured"
+    supports_regions = True  # region candidates can only be timed, not estimated
 
     def __init__(self, store: Any = None, device: Any = "local", threads: int = 2, budget_s: float = 0.05,
                  linear_backends: tuple[str, ...] = ("ort",), singleton_ort: bool = True,
@@ -197,7 +199,7 @@ class MeasuredCost:
             for b in self.linear_backends:
                 out += ort if b == "ort" else [b]
             return out
-        if c.kind == "opaque":
+        if c.kind in ("opaque", "region"):
             return ort
         tvm = ["tvm"]
         if sub is not None and self.threads > 1:

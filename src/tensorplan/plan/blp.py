@@ -9,11 +9,13 @@ BLP (korch.md §3), one binary `x_k` per candidate with finite cost:
 
 Recomputation is implicit: a primitive may sit inside several chosen kernels. Single-
 output convex kernels need no ordering constraints (their dependency graph inherits
-acyclicity from the primitive DAG).
+acyclicity from the primitive DAG); multi-output region kernels are intervals of one
+topological order, and `check_selection` proves every selection acyclic anyway.
 
 Valid cuts (`cuts=True`; they never remove every optimal solution):
-- producer cut: `sum_{k: out(k)=t} x_k <= 1` — with positive costs a second producer
-  of the same tensor can be dropped without breaking C1/C2;
+- producer cut: `sum_{k: out(k)=t} x_k <= 1` over the single-output producers of t — with
+  positive costs a second one can be dropped without breaking C1/C2 (a multi-output region
+  kernel may be needed for its other outputs, so it is left out of the cut);
 - coverage cut: `sum_{k contains p} x_k >= 1` for every primitive p — every primitive
   of the (pruned) graph is an ancestor of an output, and following any path from p to
   that output back through the chosen kernels shows some chosen kernel contains p.
@@ -189,8 +191,9 @@ def solve_blp(prim: Graph, cands: Sequence[Candidate], costs: Sequence[float], *
     n_model_rows = len(lb)
     if cuts:
         for t, ps in producers.items():
-            if len(ps) > 1:
-                add_row([(p, 1.0) for p in ps], -np.inf, 1.0)
+            single = [p for p in ps if len(cands[var_of[p]].outputs) == 1]
+            if len(single) > 1:
+                add_row([(p, 1.0) for p in single], -np.inf, 1.0)
         for n in prim.nodes:
             ks = containing.get(n.name, [])
             if ks:
@@ -275,7 +278,7 @@ def greedy_fusion(prim: Graph, cands: Sequence[Candidate], costs: Sequence[float
     cost_of = {c.id: float(costs[k]) for k, c in enumerate(cands)}
     by_set: dict[frozenset, Candidate] = {}
     for k, c in enumerate(cands):
-        if math.isfinite(costs[k]):
+        if math.isfinite(costs[k]) and c.kind != "region":
             by_set.setdefault(frozenset(c.nodes), c)
     cons = prim.consumers()
     node_of_out = {o: n.name for n in prim.nodes for o in n.outputs if o}

@@ -53,7 +53,8 @@ class Candidate:
     - `output`: the single output tensor (the sink's output). `outputs` equals `(output,)`
       except for an opaque multi-output primitive, which produces all its live outputs.
     - `kind`: "memory" (elementwise/reduce/layout only), "linear" (contains one linear
-      primitive, alone or with an elementwise epilogue) or "opaque" (one opaque primitive).
+      primitive, alone or with an elementwise epilogue), "opaque" (one opaque primitive) or
+      "region" (a stretch of original operators run by one ONNX Runtime session; regions.py).
     - `canonical_hash`: name-independent structural hash; equal hashes = same computation up to
       the values of float weight tensors (so equal latency; see SMALL_CONST).
     """
@@ -67,6 +68,10 @@ class Candidate:
     outputs: tuple[str, ...] = ()
     const_inputs: tuple[str, ...] = ()
     region: int = -1
+    #: kind "region" only (plan/regions.py): the original operators ONNX Runtime runs, and the
+    #: [start, end) segment interval they span.
+    source: Graph | None = field(default=None, compare=False, repr=False)
+    span: tuple[int, int] | None = None
 
     def __post_init__(self):
         if not self.outputs:
@@ -78,7 +83,10 @@ class Candidate:
 
     def graph(self, prim: Graph) -> Graph:
         """The candidate as a standalone Graph (inputs = `inputs`, outputs = `outputs`), ready for
-        `graph_to_onnx`, lowering or the reference executor."""
+        `graph_to_onnx`, lowering or the reference executor. A region candidate gives its
+        original operators (a copy of `source`), which is what runs."""
+        if self.source is not None:
+            return self.source.copy()
         g = prim.subgraph(self.nodes, name=f"{prim.name}.k{self.id}")
         g.inputs = list(self.inputs)
         g.outputs = list(self.outputs)
@@ -88,7 +96,7 @@ class Candidate:
         return {"id": self.id, "nodes": list(self.nodes), "inputs": list(self.inputs),
                 "output": self.output, "outputs": list(self.outputs), "kind": self.kind,
                 "canonical_hash": self.canonical_hash, "const_inputs": list(self.const_inputs),
-                "region": self.region}
+                "region": self.region, **({"span": list(self.span)} if self.span else {})}
 
 
 @dataclass

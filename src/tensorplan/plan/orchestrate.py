@@ -25,7 +25,7 @@ from .plan import Plan, PlanKernel, plan_buffers, verify
 
 # Used only when the cost model does not say (AnalyticalCost): ONNX Runtime's MLAS is the
 # fastest linear backend measured on x86 CPUs here (bench/results/korch_kernels.json).
-DEFAULT_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "reference"}
+DEFAULT_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "reference", "region": "ort"}
 
 
 def resolve_device(device: Any):
@@ -68,14 +68,20 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
                 max_reduces: int | None = 2, linear_epilogue: bool = False, recompute: bool = True,
                 cuts: bool = True, time_limit: float = 60.0, method: str = "blp",
                 require_optimal: bool = False, store: Any = None, progress: bool = False,
+                regions: bool | None = None, region_segments: int = 8, kernel_overhead_s: float = 0.0,
                 log: Callable[[str], None] | None = None) -> Plan:
     """Plan the kernels of `model` (ONNX path, zoo name or Graph) on `device`; returns a verified Plan.
 
     Options: `max_nodes`/`max_reduces` cap candidate size; `linear_epilogue` lets a linear
     primitive absorb an elementwise epilogue; `recompute=False` forbids recomputation;
     `cuts` adds the valid BLP cuts; `method` is "blp" (Korch), "greedy" (greedy fusion) or
-    "none" (no fusion); `time_limit` bounds the solver (seconds). `progress` shows a progress
-    bar while costing; `log(msg)` receives one line per finished stage. A plan made from a
+    "none" (no fusion); `time_limit` bounds the solver (seconds). `regions` adds ONNX Runtime
+    region candidates (runs of up to `region_segments` linear-operator segments of the original
+    model, plan/regions.py); None = when the cost model can time them and `method` is "blp".
+    `kernel_overhead_s` is added to every candidate's cost in the objective (not to the kernels'
+    predicted latencies): what a kernel boundary costs inside a running plan beyond the kernel's
+    solo time (thread pools waking, caches), which solo timings cannot see.
+    `progress` shows a progress bar while costing; `log(msg)` receives one line per finished stage. A plan made from a
     `Graph` records `graph.name` as its model, so `Plan.primitive_graph()` can only re-derive it
     when that name is a zoo name or ONNX path; pass the spec string when the plan will be run."""
     from ..cost import cost_many
@@ -94,18 +100,28 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
     timing["fission_s"] = time.perf_counter() - t0
     say(f"fission: {len(prim.nodes)} primitives, {len(fr.opaque)} opaque ({timing['fission_s']:.2f}s)")
 
+    spec = resolve_device(device)
+    cm = make_cost(cost, spec, store)
     t0 = time.perf_counter()
     est = EnumerationStats()
     cands = enumerate_candidates(prim, max_nodes=max_nodes, max_reduces=max_reduces,
                                  linear_epilogue=linear_epilogue,
                                  opaque={n for n, _ in fr.opaque}, stats=est)
+    use_regions = (bool(getattr(cm, "supports_regions", False)) and method == "blp") if regions is None \
+        else bool(regions)
+    n_regions = 0
+    if use_regions:
+        from .regions import enumerate_regions
+        rc = enumerate_regions(g, fr, start_id=len(cands), max_segments=region_segments)
+        n_regions = len(rc)
+        cands = cands + rc
+        est.candidates = len(cands)
+        est.unique_hashes = len({c.canonical_hash for c in cands})
     timing["enumerate_s"] = time.perf_counter() - t0
     say(f"candidates: {est.candidates} ({est.unique_hashes} unique) in {est.regions} regions "
-        f"({timing['enumerate_s']:.2f}s)")
+        f"+ {n_regions} ONNX Runtime regions ({timing['enumerate_s']:.2f}s)")
 
-    spec = resolve_device(device)
     t0 = time.perf_counter()
-    cm = make_cost(cost, spec, store)
     costs = cost_many(cm, prim, cands, progress=progress,
                       description=f"costing {est.unique_hashes} kernels ({getattr(cm, 'name', 'cost')})")
     timing["profile_s"] = time.perf_counter() - t0
@@ -114,9 +130,9 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
     t0 = time.perf_counter()
     kw = dict(recompute=recompute, cuts=cuts, time_limit=time_limit, require_optimal=require_optimal) \
         if method == "blp" else {}
-    sel = select(prim, cands, costs, method=method, **kw)
+    sel = select(prim, cands, costs + float(kernel_overhead_s), method=method, **kw)
     timing["solve_s"] = time.perf_counter() - t0
-    say(f"{method}: {len(sel.chosen)} kernels, {sel.objective_s * 1e3:.3f} ms predicted, status "
+    say(f"{method}: {len(sel.chosen)} kernels, {sel.objective_s * 1e3:.3f} ms objective, status "
         f"{sel.status} ({timing['solve_s']:.2f}s)")
 
     by_id = {c.id: c for c in cands}
@@ -126,13 +142,24 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
     for j, cid in enumerate(sorted(sel.chosen, key=lambda i: _first_pos(prim, by_id[i]))):
         c = by_id[cid]
         extra = info(prim, c) if callable(info) else {}
+        sched = dict(extra.get("schedule") or {})
+        if c.kind == "region":
+            sched["operators"] = [n.name for n in c.source.nodes]
+            sched["span"] = list(c.span)
         kernels.append(PlanKernel(id=f"k{j}", nodes=list(c.nodes), inputs=list(c.inputs),
                                   outputs=list(c.outputs), kind=c.kind, predicted_s=cost_of[cid],
                                   backend=str(extra.get("backend") or DEFAULT_BACKEND[c.kind]),
-                                  schedule=dict(extra.get("schedule") or {}),
+                                  schedule=sched,
                                   canonical_hash=c.canonical_hash, candidate=cid))
     from .plan import topo_order
     order = topo_order(kernels, set(prim.inputs) | set(prim.constants()))
+    if use_regions:
+        from .regions import merge_adjacent_regions
+        kernels, order = merge_adjacent_regions(kernels, order, prim)
+        if len(kernels) == 1 and kernels[0].backend == "ort":
+            # one session is the whole plan: let its pool spin between operators as ORT does by
+            # default (spinning only hurts when other kernels' threads need the cores)
+            kernels[0].schedule["spinning"] = True
     dev_dict = spec.to_dict() if hasattr(spec, "to_dict") else {"name": str(getattr(spec, "name", spec))}
     plan = Plan(
         source={"model": spec_name, "opset": int(getattr(g, "opset", opset)),
@@ -144,8 +171,13 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
         solver=sel.to_dict(), timing=timing,
         stats={"enumeration": est.to_dict(), "recomputed_primitives": recomputed_primitives(cands, sel.chosen),
                "cost_model": getattr(cm, "describe", lambda: {"name": getattr(cm, "name", type(cm).__name__)})(),
-               "unfused_s": float(sum(cost_of[c.id] for c in cands if len(c.nodes) == 1))},
-        options={"max_nodes": max_nodes, "max_reduces": max_reduces, "linear_epilogue": linear_epilogue,
+               "unfused_s": float(sum(cost_of[c.id] for c in cands if len(c.nodes) == 1 and c.kind != "region")),
+               "ort_regions": {"candidates": n_regions,
+                               "selected": sum(1 for i in sel.chosen if by_id[i].kind == "region"),
+                               "kernels_after_merge": sum(1 for k in kernels if k.kind == "region"),
+                               "primitives": sum(len(k.nodes) for k in kernels if k.kind == "region")}},
+        options={"regions": use_regions, "region_segments": region_segments, "kernel_overhead_s": kernel_overhead_s, "max_nodes": max_nodes,
+                 "max_reduces": max_reduces, "linear_epilogue": linear_epilogue,
                  "recompute": recompute, "cuts": cuts, "time_limit": time_limit, "method": method,
                  "cost": getattr(cm, "name", type(cm).__name__)},
     )

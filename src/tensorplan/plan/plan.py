@@ -10,8 +10,8 @@ independently of the solver that produced it (`verify`). Schema
             "prim_fingerprint": <primitive graph>, "num_primitives": N, "opaque": [[node, op], ...]},
  "device": {...DeviceSpec.to_dict() or {"name": ...}},
  "kernels": [{"id": "k0", "candidate": 17, "nodes": [...], "inputs": [...], "outputs": [...],
-              "kind": "memory"|"linear"|"opaque", "backend": "tvm"|"torch"|"ort"|"reference"|"",
-              "schedule": {...}, "predicted_s": 1.2e-5, "canonical_hash": "..."}],
+              "kind": "memory"|"linear"|"opaque"|"region", "backend": "tvm"|"torch"|"ort"|"reference"|"",
+              "schedule": {...},                  # region kernels: {"operators": [original nodes], ...} "predicted_s": 1.2e-5, "canonical_hash": "..."}],
  "order": ["k3", "k0", ...],                        # execution order (topological)
  "buffers": [{"tensor", "bytes", "first_use", "last_use", "slot"}],  # indices into order
  "slots": [bytes, ...],                             # reusable arena slots
@@ -101,14 +101,18 @@ class Plan:
         by = {k.id: k for k in self.kernels}
         return [by[k] for k in self.order]
 
-    def primitive_graph(self) -> Graph:
-        """Reload the model from `source` and re-run fission; fails if it no longer matches."""
-        from ..graph import fission as _f
+    def source_graph(self) -> Graph:
+        """Reload the original model from `source` (region kernels run its operators)."""
         from ..graph import load_model  # type: ignore[attr-defined]
         src = self.source
         shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None
-        g = load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
-        prim = _f.fission(g).graph
+        return load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
+
+    def primitive_graph(self) -> Graph:
+        """Reload the model from `source` and re-run fission; fails if it no longer matches."""
+        from ..graph import fission as _f
+        src = self.source
+        prim = _f.fission(self.source_graph()).graph
         want = src.get("prim_fingerprint")
         if want and prim.fingerprint() != want:
             raise PlanError(f"plan for '{src['model']}' was made for primitive graph {want}, but the model "

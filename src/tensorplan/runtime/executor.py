@@ -57,19 +57,33 @@ def reference_kernel(sub: Graph, name: str):
                         output_dtypes=[sub.tensors[o].dtype for o in outs], _bind=bind)
 
 
-def build_kernel(prim: Graph, k: PlanKernel, threads: int = 2) -> tuple[Any, str, list[str]]:
-    """Build a plan kernel on its backend, falling back (tvm -> ort -> reference) with reasons."""
-    from ..program.linear import make_kernel
-    sub = prim.subgraph(k.nodes, name=k.id)
+def kernel_graph(prim: Graph, k: PlanKernel, source: Graph | None = None) -> Graph:
+    """What a plan kernel computes, as a standalone Graph: its primitives, or for a region kernel
+    the original operators it names (`schedule["operators"]`, taken from `source`)."""
+    if k.kind == "region":
+        ops = list(k.schedule.get("operators") or ())
+        if source is None or not ops:
+            raise PlanError(f"region kernel '{k.id}' needs the original model and its operator list")
+        sub = source.subgraph(ops, name=k.id)
+    else:
+        sub = prim.subgraph(k.nodes, name=k.id)
     sub.inputs = list(k.inputs)
     sub.outputs = list(k.outputs)
+    return sub
+
+
+def build_kernel(prim: Graph, k: PlanKernel, threads: int = 2, source: Graph | None = None
+                 ) -> tuple[Any, str, list[str]]:
+    """Build a plan kernel on its backend, falling back (tvm -> ort -> reference) with reasons."""
+    from ..program.linear import make_kernel
+    sub = kernel_graph(prim, k, source)
     backend = k.backend or DEFAULT_BACKEND.get(k.kind, "ort")
     notes: list[str] = []
     for b in [backend] + FALLBACKS.get(backend, ["ort", "reference"]):
         try:
             if b == "reference":
                 return reference_kernel(sub, k.id), b, notes
-            sched = k.schedule if b == backend else None
+            sched = {x: v for x, v in k.schedule.items() if x != "operators"} if b == backend else None
             return make_kernel(sub, list(k.outputs), b, threads=threads, schedule=sched or None), b, notes
         except CompileError as e:
             notes.append(f"{b}: {e}")
@@ -88,8 +102,11 @@ class KernelSlot:
 class PlanExecutor:
     """Compile a plan's kernels once and run them in order on preallocated, reused buffers."""
 
-    def __init__(self, plan: Plan, prim: Graph, threads: int = 2, progress: bool = False):
+    def __init__(self, plan: Plan, prim: Graph, threads: int = 2, progress: bool = False,
+                 source: Graph | None = None):
         torch = _torch()
+        if source is None and any(k.kind == "region" for k in plan.kernels):
+            source = plan.source_graph()
         self.plan = plan
         self.prim = prim
         self.threads = int(threads)
@@ -121,7 +138,7 @@ class PlanExecutor:
             task = bar.add_task(f"compiling {len(order)} kernels", total=len(order))
         try:
             for k in it:
-                compiled, backend, notes = build_kernel(prim, k, self.threads)
+                compiled, backend, notes = build_kernel(prim, k, self.threads, source)
                 missing = [i for i in k.inputs if i not in self.tensors]
                 if missing:
                     raise PlanError(f"kernel '{k.id}' reads {missing[:3]}, which no earlier kernel or input holds")
@@ -265,4 +282,4 @@ def run_plan(plan: str | Path | Plan | dict, feeds: dict[str, np.ndarray] | None
                      fallbacks=fallbacks, outputs=outs, kernel_sum_s=ksum, errors=errors)
 
 
-__all__ = ["PlanExecutor", "RunResult", "run_plan", "build_kernel", "ort_reference"]
+__all__ = ["PlanExecutor", "RunResult", "run_plan", "build_kernel", "kernel_graph", "ort_reference"]
