@@ -198,6 +198,21 @@ def bench_model(name: str, args, store) -> dict:
     res["linear_epilogue"] = args.epilogue
     t0 = time.perf_counter()
     plans["tensorplan"] = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}"), **opts)
+    if not args.no_race:
+        # Finalists raced end to end: the BLP plan and the same BLP with kernel count first
+        # (1 s per kernel), which is the fewest ORT sessions; the faster becomes the plan.
+        from tensorplan.runtime.executor import race_plans
+        t_race = time.perf_counter()
+        fewest = orchestrate(name, cost=cm, **{**opts, "kernel_overhead_s": 1.0, "progress": False})
+        if len(fewest.kernels) != len(plans["tensorplan"].kernels):
+            win, med = race_plans({"blp": plans["tensorplan"], "fewest-kernels": fewest}, fission(g).graph, feeds,
+                                  threads=args.threads)
+            res["race"] = {"median_ms": {k: v * 1e3 for k, v in med.items()}, "chosen": win,
+                           "kernels": {"blp": len(plans["tensorplan"].kernels), "fewest-kernels": len(fewest.kernels)},
+                           "seconds": time.perf_counter() - t_race}
+            log(f"  race: {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in med.items())} -> {win}")
+            if win == "fewest-kernels":
+                plans["tensorplan"] = fewest
     res["optimise_wall_s"] = time.perf_counter() - t0
     plan_dir = cache_dir() / "plans"
     plan_dir.mkdir(parents=True, exist_ok=True)
@@ -327,7 +342,9 @@ def resolve_overhead(value: str, results_dir: Path) -> tuple[float, str]:
             per.append((r["measured_ms"] - r["predicted_ms"]) / 1e3 / r["kernels_per_inference"])
     if not per:
         return 0.0, f"no earlier results in {results_dir}"
-    return max(0.0, statistics.median(per)), f"median of {len(per)} models in {results_dir}"
+    where = results_dir.resolve()
+    where = where.relative_to(ROOT.parent) if where.is_relative_to(ROOT.parent) else where
+    return max(0.0, statistics.median(per)), f"median of {len(per)} models in {where}"
 
 
 def summarize(per_model: dict, machine: dict) -> dict:
@@ -361,6 +378,8 @@ def main(argv=None) -> int:
                          "--overhead-from of (measured - predicted) / kernels of the region-free plan")
     ap.add_argument("--overhead-from", default=str(RESULTS / "korch_final"),
                     help="earlier results directory that 'auto' derives the per-kernel overhead from")
+    ap.add_argument("--no-race", action="store_true",
+                    help="keep the BLP plan without racing it against the fewest-kernels plan")
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--no-relax", action="store_true")
     ap.add_argument("--no-compile", action="store_true")

@@ -32,18 +32,28 @@ from .candidates import Candidate, canonical_hash
 KIND = "region"
 
 
+#: Operators that start a segment of their own when a linear operator precedes them in the
+#: segment: normalisations and softmax are where our fused TVM kernels beat ONNX Runtime's
+#: (bench/korch_kernels.py), so a region may stop right before one and leave it to them.
+NORM_OPS = frozenset({"InstanceNormalization", "LayerNormalization", "GroupNormalization", "Softmax",
+                      "LogSoftmax"})
+
+
 def segments(orig: Graph) -> list[list[str]]:
-    """Original node names in topological order, cut before every linear operator (the
-    nodes before the first linear operator join the first segment)."""
+    """Original node names in topological order, cut before every linear operator and before
+    a normalisation/softmax that follows one (`NORM_OPS`); nodes before the first linear
+    operator join the first segment."""
     segs: list[list[str]] = []
     cur: list[str] = []
-    has_linear = False
+    has_linear = has_norm = False
     for n in orig.nodes:
-        if category(n.op) == "linear":
-            if has_linear:
-                segs.append(cur)
-                cur = []
-            has_linear = True
+        lin = category(n.op) == "linear"
+        norm = n.op in NORM_OPS
+        if (lin and (has_linear or has_norm)) or (norm and has_linear):
+            segs.append(cur)
+            cur = []
+            has_linear = has_norm = False
+        has_linear, has_norm = has_linear or lin, has_norm or norm
         cur.append(n.name)
     if cur:
         segs.append(cur)
