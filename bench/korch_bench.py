@@ -118,27 +118,6 @@ def relax_runner(graph, feeds: dict, threads: int):
     return lambda: vm["main"](*args), build_s
 
 
-def interleaved(runners: dict, rounds: int, pause: float = 0.05, seed: int = 0) -> dict[str, list[float]]:
-    """One run of every system per round, in a fresh random order each round (a fixed
-    rotation would always seat a system right after the same neighbour, whose lingering
-    threads it then inherits), with a pause before each run."""
-    import random
-    rng = random.Random(seed)
-    names = list(runners)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for n in names:  # warm-up
-        runners[n]()
-    for r in range(rounds):
-        order = names[:]
-        rng.shuffle(order)
-        for n in order:
-            time.sleep(pause)
-            t0 = time.perf_counter()
-            runners[n]()
-            times[n].append(time.perf_counter() - t0)
-    return times
-
-
 @contextlib.contextmanager
 def no_fission_rules():
     """orchestrate() always fissions; for the ablation make it apply no rule (compound ops stay
@@ -165,6 +144,7 @@ def bench_model(name: str, args, store) -> dict:
     from tensorplan.graph.reference import rel_error
     from tensorplan.paths import cache_dir
     from tensorplan.plan import orchestrate
+    from tensorplan.measure.timer import interleaved
     from tensorplan.runtime.executor import PlanExecutor, ort_reference
 
     res: dict = {"model": name, "threads": args.threads, "quick": args.quick, "started": time.time(),
@@ -275,7 +255,7 @@ def bench_model(name: str, args, store) -> dict:
             info["systems"][key] = {"error": f"{type(e).__name__}: {str(e)[:400]}",
                                     "trace": traceback.format_exc()[-1500:]}
     log(f"  timing {len(runners)} systems x {args.rounds} rounds (interleaved)")
-    times = interleaved(runners, args.rounds)
+    times = interleaved(runners, args.rounds)  # tensorplan.measure.timer
     med = {k: statistics.median(v) for k, v in times.items()}
     if "tensorplan" in executors:
         ksum = sum(executors["tensorplan"].kernel_times(budget_s=0.01))

@@ -32,6 +32,14 @@ from .spec import DeviceSpec
 
 CACHE_VERSION = 1
 
+# The CPUs this process may use, read once at import: TVM's thread pool binds the *calling*
+# thread to one core after a 1-thread kernel, and sched_getaffinity(0) reads that thread's mask,
+# so asking later could make 'local' a 1-thread device (another store key) mid-run.
+try:
+    _PROCESS_AFFINITY = frozenset(os.sched_getaffinity(0))
+except AttributeError:  # not Linux
+    _PROCESS_AFFINITY = frozenset(range(os.cpu_count() or 1))
+
 # /proc/cpuinfo flag -> our ISA flag name
 _X86_FLAGS = {"avx2": "avx2", "avx512f": "avx512f", "fma": "fma", "avx512_bf16": "bf16", "f16c": "fp16",
               "avx512_fp16": "fp16", "amx_tile": "amx", "avx512_vnni": "vnni", "avx_vnni": "vnni"}
@@ -107,12 +115,9 @@ def cpu_info() -> dict[str, Any]:
     vendor = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}.get(vendor_id, vendor_id)
     if not vendor and "CPU implementer" in first:
         vendor = {"0x41": "Arm", "0x51": "Qualcomm", "0x48": "HiSilicon", "0x61": "Apple"}.get(first["CPU implementer"], "Arm")
-    try:
-        affinity = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        affinity = list(range(os.cpu_count() or 1))
+    affinity = sorted(_PROCESS_AFFINITY)
     threads = len(affinity)
-    src["threads"] = "os.sched_getaffinity(0)"
+    src["threads"] = "os.sched_getaffinity(0) when tensorplan.devices was imported"
     online = os.cpu_count() or threads
     phys = len(cores_seen) if cores_seen else online
     # cores usable by this process: physical cores among the allowed logical CPUs

@@ -237,3 +237,26 @@ def _calibrate(fn: Callable[[], Any], sync: Callable[[], Any] | None, min_repeat
             break
         number *= 2
     return number
+
+
+def interleaved(runners: dict[str, Callable[[], Any]], rounds: int, pause_s: float = 0.05,
+                seed: int = 0) -> dict[str, list[float]]:
+    """Time several systems against each other: one warm-up call each, then `rounds` rounds that
+    run every system once in a fresh random order (a fixed rotation would always seat a system
+    right after the same neighbour, whose lingering threads it then inherits), sleeping `pause_s`
+    before each run so spinning thread pools park. Returns the seconds of every run per system."""
+    import random
+    rng = random.Random(seed)
+    names = list(runners)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for n in names:
+        runners[n]()
+    for _ in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for n in order:
+            time.sleep(pause_s)
+            t0 = time.perf_counter()
+            runners[n]()
+            times[n].append(time.perf_counter() - t0)
+    return times

@@ -23,8 +23,6 @@ are what is compiled and timed.
 """
 from __future__ import annotations
 
-from typing import Iterable
-
 from ..graph.fission import FissionResult, category
 from ..graph.ir import Graph
 from .candidates import Candidate, canonical_hash
@@ -140,13 +138,6 @@ def _region(orig: Graph, prim: Graph, pby: dict, onodes: list[str], pnodes: list
                      source=src, span=span)
 
 
-def region_counts(cands: Iterable[Candidate]) -> dict[str, int]:
-    rs = [c for c in cands if c.kind == KIND]
-    return {"regions": len(rs), "unique": len({c.canonical_hash for c in rs})}
-
-
-
-
 def merge_adjacent_regions(kernels: list, order: list[str], prim: Graph) -> tuple[list, list[str]]:
     """Merge region kernels that run back to back and span adjacent segment intervals into one
     ONNX Runtime session (their union is again an interval, so convex; running it where the
@@ -193,4 +184,4 @@ def merge_adjacent_regions(kernels: list, order: list[str], prim: Graph) -> tupl
     return out_k, [k.id for k in out_k]
 
 
-__all__ = ["KIND", "segments", "intervals", "enumerate_regions", "region_counts", "merge_adjacent_regions"]
+__all__ = ["KIND", "segments", "intervals", "enumerate_regions", "merge_adjacent_regions"]

@@ -292,26 +292,15 @@ def race_plans(plans: dict[str, Plan], prim: Graph, feeds: dict[str, np.ndarray]
     Why: the BLP adds solo kernel timings, and inside a running plan every kernel boundary
     costs more than solo timings show (thread pools waking, cold caches); a plan that looks
     cheaper on paper can run slower. Measuring the finalists end to end is the proof."""
-    import random
     import statistics
-    from ..measure.timer import pinned_threads
-    rng = random.Random(0)
+    from ..measure.timer import interleaved, pinned_threads
     with pinned_threads(threads):
         runs = {}
         for name, p in plans.items():
             ex = PlanExecutor(p, prim, threads=threads)
             ex.set_inputs(feeds)
-            ex.run_bound()  # warm-up
             runs[name] = ex.run_bound
-        times: dict[str, list[float]] = {n: [] for n in runs}
-        for _ in range(rounds):
-            names = list(runs)
-            rng.shuffle(names)
-            for n in names:
-                time.sleep(pause_s)
-                t0 = time.perf_counter()
-                runs[n]()
-                times[n].append(time.perf_counter() - t0)
+        times = interleaved(runs, rounds, pause_s=pause_s)
     med = {n: statistics.median(v) for n, v in times.items()}
     return min(med, key=med.get), med
 
