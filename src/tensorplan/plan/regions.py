@@ -88,10 +88,8 @@ def enumerate_regions(orig: Graph, fr: FissionResult, start_id: int, max_segment
     for p, o in fr.origin.items():
         by_origin.setdefault(o, []).append(p)
     ppos = {n.name: k for k, n in enumerate(prim.nodes)}
-    pprod = {o: n.name for n in prim.nodes for o in n.outputs if o}
     pconsumers = prim.consumers()
     pconst = prim.constants()
-    p_in = set(prim.inputs)
     p_out = set(prim.outputs)
     segs = segments(orig)
     out: list[Candidate] = []
@@ -105,15 +103,14 @@ def enumerate_regions(orig: Graph, fr: FissionResult, start_id: int, max_segment
         if len(pnodes) < 2 or key in seen:
             continue
         seen.add(key)
-        cand = _region(orig, prim, pby, onodes, pnodes, pprod, pconsumers, pconst, p_in, p_out,
-                       start_id + len(out), (a, b))
+        cand = _region(orig, pby, onodes, pnodes, pconsumers, pconst, p_out, start_id + len(out), (a, b))
         if cand is not None:
             out.append(cand)
     return out
 
 
-def _region(orig: Graph, prim: Graph, pby: dict, onodes: list[str], pnodes: list[str], pprod, pconsumers, pconst,
-            p_in: set, p_out: set, cid: int, span: tuple[int, int]) -> Candidate | None:
+def _region(orig: Graph, pby: dict, onodes: list[str], pnodes: list[str], pconsumers, pconst, p_out: set,
+            cid: int, span: tuple[int, int]) -> Candidate | None:
     inside = set(pnodes)
     produced = {o for p in pnodes for o in pby[p].outputs if o}
     ins: list[str] = []
@@ -128,8 +125,6 @@ def _region(orig: Graph, prim: Graph, pby: dict, onodes: list[str], pnodes: list
     src = orig.subgraph(onodes, name=f"{orig.name}.r{span[0]}_{span[1]}")
     # the original operators must read and write exactly the tensors the primitives do
     if sorted(src.inputs) != sorted(ins) or not set(outs) <= set(src.tensors):
-        return None
-    if any(i not in p_in and i not in pprod for i in ins):
         return None
     src.inputs = list(ins)
     src.outputs = list(outs)
@@ -147,6 +142,7 @@ def merge_adjacent_regions(kernels: list, order: list[str], prim: Graph) -> tupl
     from .plan import PlanKernel
     by = {k.id: k for k in kernels}
     pos = {n.name: i for i, n in enumerate(prim.nodes)}
+    pby = {n.name: n for n in prim.nodes}
     groups: list[list] = []
     for kid in order:
         k = by[kid]
@@ -171,7 +167,6 @@ def merge_adjacent_regions(kernels: list, order: list[str], prim: Graph) -> tupl
                     ins.append(i)
         members = {k.id for k in grp}
         others = {i for k in kernels if k.id not in members for i in k.inputs} | set(prim.outputs)
-        pby = {n.name: n for n in prim.nodes}
         used_inside = {i for x in nodes for i in pby[x].inputs if i}
         outs = [o for k in grp for o in k.outputs if o in others or o not in used_inside]
         sched = {**grp[0].schedule, "operators": [x for k in grp for x in k.schedule["operators"]],
