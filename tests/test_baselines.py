@@ -73,3 +73,27 @@ def test_feature_helpers(cdmpp_small):
     assert len(steps) > 0 and all(isinstance(k, str) for k, _ in steps)
     kinds = {k for k, _ in steps}
     assert kinds & {"GetSBlock", "SamplePerfectTile", "Split", "GetLoops"}, kinds
+
+
+def test_trace_steps_keep_numeric_inputs():
+    """Split factors and annotation values are instruction *inputs*; TLP must see them."""
+    trace = [[["GetSBlock", [], ["root", "main"], ["b2"]],
+              ["Annotate", ["b2", 64], ["meta_schedule.vectorize"], []],
+              ["Split", ["l9", None, 64], [True, False], ["l10", "l11"]],
+              ["SamplePerfectTile", ["l1"], [4, 64], ["v1", "v2", "v3", "v4"]]],
+             [[3, [2, 4, 8, 1]]]]
+    steps = dict(_trace_steps(trace))
+    assert 64.0 in steps["Annotate"]
+    assert steps["Split"][:3] == [64.0, 1.0, 0.0]
+    assert steps["SamplePerfectTile"] == [4.0, 64.0, 2.0, 4.0, 8.0, 1.0]
+
+
+def test_tlp_encodes_each_trace_once(cdmpp_small, monkeypatch):
+    """Alternating train/validation sets must not re-encode the traces every epoch."""
+    tr, va = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
+    calls = []
+    orig = TLPModel._encode
+    monkeypatch.setattr(TLPModel, "_encode", lambda self, t: calls.append(1) or orig(self, t))
+    TLPModel(epochs=3, batch_size=64).fit(tr, val=va)
+    distinct = len(set(tr.trace)) + len(set(va.trace))
+    assert len(calls) <= distinct

@@ -52,6 +52,9 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
 def remeasure(store: Optional[Path] = _STORE_OPT,
               threads: str = typer.Option("1,2", "--threads", help="Thread counts to re-time."),
               budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
+              measured_before: Optional[str] = typer.Option(
+                  None, "--measured-before",
+                  help="Only programs measured before this ISO time (UTC), e.g. 2026-11-22T02:00 (a noisy period)."),
               json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Re-time stored programs with the current timer (replaces their measurements); resumable."""
     from ..errors import StoreError, TensorplanError
@@ -62,7 +65,16 @@ def remeasure(store: Optional[Path] = _STORE_OPT,
         ths = [int(t) for t in threads.split(",") if t.strip()]
     except ValueError:
         raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
-    d = _remeasure(store, threads=ths, budget_minutes=budget_minutes).to_dict()
+    before = None
+    if measured_before:
+        from datetime import datetime, timezone
+        try:
+            dt = datetime.fromisoformat(measured_before)
+        except ValueError:
+            raise TensorplanError(f"--measured-before: expected an ISO time such as 2026-11-22T02:00, "
+                                  f"got {measured_before!r}") from None
+        before = (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+    d = _remeasure(store, threads=ths, budget_minutes=budget_minutes, measured_before=before).to_dict()
     print(json.dumps(d, indent=1) if json_out else
           f"re-timed {d['programs']} programs ({d['records_per_s']:.2f} records/s), {d['too_slow']} skipped")
 

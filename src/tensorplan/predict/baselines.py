@@ -309,7 +309,8 @@ def _trace_steps(trace: Any) -> list[tuple[str, list[float]]]:
         if not isinstance(inst, (list, tuple)) or not inst:
             continue
         kind = str(inst[0])
-        args = nums(inst[2] if len(inst) > 2 else [], [])
+        # numeric inputs (split factors, annotation values) then attributes; names are strings
+        args = nums(inst[2] if len(inst) > 2 else [], nums(inst[1] if len(inst) > 1 else [], []))
         if i in decisions:
             nums(decisions[i], args)
         steps.append((kind, args))
@@ -355,14 +356,29 @@ class TLPModel(_TorchRegressor):
         return m
 
     def _encoded(self, arr: ProgramArrays) -> np.ndarray:
-        key = id(arr)
-        if getattr(self, "_cache", None) is not None and self._cache[0] == key and self._cache[1] is arr:
-            return self._cache[2]
+        # one encoding per array (training and validation sets alternate every epoch; re-encoding
+        # 20k JSON traces per epoch made training crawl), one per distinct trace string
+        cache = getattr(self, "_cache", None)
+        if cache is None:
+            cache = self._cache = {}
+        hit = cache.get(id(arr))
+        if hit is not None and hit[0] is arr:
+            return hit[1]
         if arr.trace is None:
             raise TensorplanError("tlp: the records carry no schedule trace (column 'trace')")
-        enc = np.stack([self._encode(t) for t in arr.trace]) if len(arr) else \
-            np.zeros((0, self.max_steps, self.fea), np.float32)
-        self._cache = (key, arr, enc)
+        by_trace: dict = {}
+        rows = []
+        for t in arr.trace:
+            k = t if isinstance(t, str) else None
+            if k is None or k not in by_trace:
+                m = self._encode(t)
+                if k is not None:
+                    by_trace[k] = m
+            rows.append(by_trace[k] if k is not None else m)
+        enc = np.stack(rows) if rows else np.zeros((0, self.max_steps, self.fea), np.float32)
+        if len(cache) >= 4:
+            cache.clear()
+        cache[id(arr)] = (arr, enc)
         return enc
 
     def _inputs(self, arr, idx):

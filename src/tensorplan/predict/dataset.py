@@ -447,9 +447,14 @@ def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_k
 
 def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minutes: float | None = None,
               max_kernel_s: float = 0.1, min_repeat_s: float = 2e-5, repeats: int = 15,
+              measured_before: float | None = None,
               log: Callable[[str], None] | None = None) -> CollectStats:
     """Re-time stored programs (replayed from their traces) with the current timer, replacing their
-    measurements on every thread count; round-robin over tasks; resumable (job per timer version)."""
+    measurements on every thread count; round-robin over tasks; resumable (job per timer version).
+
+    `measured_before` (Unix time) re-times only programs with a measurement taken before it: the
+    way to replace records from a period when the machine was shared (their own job, so a full
+    pass done earlier does not hide them)."""
     threads = sorted({int(t) for t in threads})
     _init_pool(max(threads))
     import tvm
@@ -460,8 +465,13 @@ def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minu
     st = store if isinstance(store, Store) else Store(store)
     dev_keys = {t: st.put_device(resolve(f"local-{t}t")) for t in threads}
     target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
-    job = st.job(f"cdmpp-remeasure-v{TIMER_VERSION}")
+    job = st.job(f"cdmpp-remeasure-v{TIMER_VERSION}" + (f"-before{int(measured_before)}" if measured_before else ""))
     done = job.done_keys()
+    if measured_before is not None:
+        stale = {k for (k,) in st._read("SELECT DISTINCT prog_key FROM measurements WHERE created < ?",
+                                        (float(measured_before),))}
+        done = done | {k for (k,) in st._read("SELECT prog_key FROM programs WHERE kind=?", (PROGRAM_KIND,))
+                       if k not in stale}
     scripts = {}
     for (payload,) in st._read("SELECT payload FROM programs WHERE kind=?", (TASK_KIND,)):
         p = json.loads(payload)
