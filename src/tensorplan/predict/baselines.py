@@ -366,15 +366,13 @@ class TLPModel(_TorchRegressor):
             return hit[1]
         if arr.trace is None:
             raise TensorplanError("tlp: the records carry no schedule trace (column 'trace')")
-        by_trace: dict = {}
+        memo: dict = {}
         rows = []
         for t in arr.trace:
-            k = t if isinstance(t, str) else None
-            if k is None or k not in by_trace:
-                m = self._encode(t)
-                if k is not None:
-                    by_trace[k] = m
-            rows.append(by_trace[k] if k is not None else m)
+            k = t if isinstance(t, str) else id(t)
+            if k not in memo:
+                memo[k] = self._encode(t)
+            rows.append(memo[k])
         enc = np.stack(rows) if rows else np.zeros((0, self.max_steps, self.fea), np.float32)
         if len(cache) >= 4:
             cache.clear()

@@ -467,11 +467,8 @@ def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minu
     target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
     job = st.job(f"cdmpp-remeasure-v{TIMER_VERSION}" + (f"-before{int(measured_before)}" if measured_before else ""))
     done = job.done_keys()
-    if measured_before is not None:
-        stale = {k for (k,) in st._read("SELECT DISTINCT prog_key FROM measurements WHERE created < ?",
-                                        (float(measured_before),))}
-        done = done | {k for (k,) in st._read("SELECT prog_key FROM programs WHERE kind=?", (PROGRAM_KIND,))
-                       if k not in stale}
+    stale = None if measured_before is None else {
+        k for (k,) in st._read("SELECT DISTINCT prog_key FROM measurements WHERE created < ?", (float(measured_before),))}
     scripts = {}
     for (payload,) in st._read("SELECT payload FROM programs WHERE kind=?", (TASK_KIND,)):
         p = json.loads(payload)
@@ -479,7 +476,7 @@ def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minu
     by_task: dict[str, list] = {}
     for pk, payload in st._read("SELECT prog_key, payload FROM programs WHERE kind=? ORDER BY prog_key",
                                 (PROGRAM_KIND,)):
-        if pk not in done:
+        if pk not in done and (stale is None or pk in stale):
             by_task.setdefault(json.loads(payload)["task_key"], []).append((pk, payload))
     order = []
     queues = [v for _, v in sorted(by_task.items())]
