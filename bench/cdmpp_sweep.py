@@ -20,14 +20,10 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
          seed: int = typer.Option(0, "--seed")) -> None:
     from tensorplan.predict.cdmpp import CDMPP, regression_metrics
     from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import _Data, _val_split
+    from tensorplan.predict.evaluate import sample_split
 
     kw = json.loads(params)
-    ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
-    D = _Data(ds)
-    tr_ds, te_ds = ds.split(kind="sample")
-    tr_i, va_i = _val_split(D, D.idx(tr_ds), by_task=False, frac=0.1, seed=seed)
-    tr, va, te = D.arrays(tr_i), D.arrays(va_i), D.arrays(D.idx(te_ds))
+    tr, va, te = sample_split(load_dataset(None).filter_stable(max_cov=0.01, metric="mad"), seed)
     if n_train:
         tr = tr.subset(np.arange(min(n_train, len(tr))))
     m = CDMPP(**{"epochs": 4000, "max_time_s": seconds, "seed": seed, **kw}).fit(tr, va)

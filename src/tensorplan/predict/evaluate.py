@@ -201,6 +201,14 @@ def choose_holdout_networks(ds, min_fraction: float = 0.15, seed: int = 0) -> li
     return hold
 
 
+def sample_split(ds, seed: int = 0, data: "_Data | None" = None):
+    """The harness's sample-level split of a (stability-filtered) dataset: (train, val, test) arrays."""
+    D = data or _Data(ds)
+    tr_ds, te_ds = ds.split(kind="sample")
+    tr_i, va_i = _val_split(D, D.idx(tr_ds), by_task=False, frac=0.1, seed=seed)
+    return D.arrays(tr_i), D.arrays(va_i), D.arrays(D.idx(te_ds))
+
+
 def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Sequence[str] = SPLITS,
              quick: bool = False, seed: int = 0, holdout_networks: Sequence[str] | None = None,
              source_device: str = "local-2t", target_device: str = "local-1t",
@@ -302,9 +310,7 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
         res["splits"]["device"] = out
 
     if "sample" in splits:
-        tr_ds, te_ds = ds.split(kind="sample")
-        tr_i, va_i = _val_split(D, D.idx(tr_ds), by_task=False, frac=0.1, seed=seed)
-        tr, va, te = D.arrays(tr_i), D.arrays(va_i), D.arrays(D.idx(te_ds))
+        tr, va, te = sample_split(ds, seed, D)
         out = {"n_train": len(tr), "n_val": len(va), "n_test": len(te), "models": {}}
         log(f"[sample] train {len(tr)} val {len(va)} test {len(te)}")
         for name in models:
