@@ -508,7 +508,8 @@ def sinusoidal_table(max_pos: int, dim: int = LEAF_DIM) -> np.ndarray:
 
 
 def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
-               dropout: float, emb_dim: int, hidden: int, max_pos: int, use_pe: bool):
+               dropout: float, emb_dim: int, hidden: int, max_pos: int, use_pe: bool, emb_norm: str = "layer",
+               flat_skip: bool = True):
     import torch
     from torch import nn
 
@@ -520,7 +521,11 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
             self.embed = nn.Linear(leaf_dim, d_model)
             layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout, batch_first=True)
             self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
-            self.mlp_emb = nn.Sequential(nn.Linear(2 * d_model, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+            # per-sample LayerNorm by default (no train/eval mismatch; equal to batch norm when measured)
+            norm = nn.BatchNorm1d(hidden) if emb_norm == "batch" else nn.LayerNorm(hidden)
+            self.flat_skip = flat_skip
+            n_in = 2 * d_model + (2 * leaf_dim + 1 if flat_skip else 0)
+            self.mlp_emb = nn.Sequential(nn.Linear(n_in, hidden), norm, nn.ReLU(),
                                          nn.Linear(hidden, emb_dim))
             self.mlp_dev = nn.Sequential(nn.Linear(dev_dim, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                                          nn.Linear(64, emb_dim))
@@ -534,15 +539,21 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
 
         def embedding(self, x, pos, valid, dev):
             """Returns r, the last hidden layer (used for CMD)."""
+            vm = valid.unsqueeze(-1).to(x.dtype)
+            cnt = vm.sum(1).clamp(min=1.0)
+            flat = None
+            if self.flat_skip:  # the program's summed and max-pooled leaf features, as TenSet sees it
+                flat = torch.cat([(x * vm).sum(1) / 4.0, x.masked_fill(~valid.unsqueeze(-1), -1e4).amax(1),
+                                  torch.log2(cnt)], dim=1)
             if self.use_pe:
                 x = x + self.pe[pos.clamp(max=self.pe.shape[0] - 1)]
-            vm = valid.unsqueeze(-1).to(x.dtype)
             x = x * vm                                   # padded leaves contribute nothing
             h = self.encoder(self.embed(x), src_key_padding_mask=~valid)
             h = h * vm
             s = h.sum(1)
-            cnt = vm.sum(1).clamp(min=1.0)
             pooled = torch.cat([s / cnt, s / 8.0], dim=1)  # mean | scaled sum over valid leaves
+            if flat is not None:
+                pooled = torch.cat([pooled, flat], dim=1)
             z = self.mlp_emb(pooled)
             z = self.norm0(z) + self.norm0(self.mlp_dev(dev))
             return self.mlp_reg(z)
@@ -560,18 +571,22 @@ class CDMPP(Estimator):
 
     name = "cdmpp"
 
-    def __init__(self, d_model: int = 96, n_layers: int = 2, n_heads: int = 4, d_ff: int = 192,
+    def __init__(self, d_model: int = 64, n_layers: int = 1, n_heads: int = 4, d_ff: int = 128,
                  dropout: float = 0.05, emb_dim: int = 64, hidden: int = 192, max_leaves: int = 64,
-                 max_pos: int = 1024, use_pe: bool = True, target: str = "log",
-                 lr: float = 1e-3, weight_decay: float = 1.307e-5, batch_size: int = 600,
+                 max_pos: int = 1024, use_pe: bool = True, target: str = "log", emb_norm: str = "layer",
+                 flat_skip: bool = True,
+                 lr: float = 1e-3, weight_decay: float = 1.307e-5, batch_size: int = 128,
                  epochs: int = 60, max_time_s: float | None = None, cycle_epochs: float = 10.0,
-                 w_mse: float = 1.0, w_mape: float = 1.0, ape_cap: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
+                 w_mse: float = 1.0, w_mape: float = 0.1, ape_cap: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
                  cmd_batch: int = 256, grad_clip: float = 2.0, finetune_steps: int = 300,
                  finetune_lr: float = 3e-4, finetune_scope: str = "head", seed: int = 0, threads: int | None = None,
                  verbose: bool = False):
         self.d_model, self.n_layers, self.n_heads, self.d_ff = d_model, n_layers, n_heads, d_ff
         self.dropout, self.emb_dim, self.hidden = dropout, emb_dim, hidden
         self.max_leaves, self.max_pos, self.use_pe, self.target = max_leaves, max_pos, use_pe, target
+        if emb_norm not in ("batch", "layer"):
+            raise TensorplanError(f"cdmpp: emb_norm must be 'batch' or 'layer', got {emb_norm!r}")
+        self.emb_norm, self.flat_skip = emb_norm, flat_skip
         self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
         self.max_time_s, self.cycle_epochs = max_time_s, cycle_epochs
         self.ape_cap = ape_cap
@@ -628,7 +643,8 @@ class CDMPP(Estimator):
         self.ytf = TargetTransform.fit(y, self.target)
         self.dev_dim = tr.device.shape[1]
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
-                              self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe)
+                              self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe, self.emb_norm,
+                              self.flat_skip)
         steps_per_epoch = max(1, math.ceil(len(tr) / self.batch_size))
         self._train_loop(tr, val=as_arrays(val) if val is not None else None,
                          target=as_arrays(target) if target is not None else None,
@@ -697,15 +713,15 @@ class CDMPP(Estimator):
         if use_cmd:
             self._check_dev(target)
         best, best_state = math.inf, None
-        t0, step, order = time.perf_counter(), 0, np.empty(0, np.int64)
+        t0, step, batches = time.perf_counter(), 0, []
         bs = max(2, min(batch_size, len(tr)))
         while step < total_steps:
             if weights is not None:  # weighted sampling (fine-tuning with replay)
                 idx = rng.choice(len(tr), size=bs, replace=True, p=weights)
             else:
-                if len(order) < bs:
-                    order = np.concatenate([order, rng.permutation(len(tr))])
-                idx, order = order[:bs], order[bs:]
+                if not batches:  # a new epoch: shuffled, near-equal batches (none too small for a norm layer)
+                    batches = np.array_split(rng.permutation(len(tr)), max(1, len(tr) // bs))
+                idx = batches.pop()
             net.train()
             x, p, v, d = self._tensors(tr, idx)
             pred, r = net(x, p, v, d)
@@ -790,7 +806,8 @@ class CDMPP(Estimator):
         self.ytf = TargetTransform.from_dict(nm["target"])
         self.dev_dim = int(nm["dev_dim"])
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
-                              self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe)
+                              self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe, self.emb_norm,
+                              self.flat_skip)
         self.net.load_state_dict(st["net"])
         self.net.eval()
         self.history = list(st.get("history", []))
