@@ -52,9 +52,10 @@ def test_fit_records_history_and_learns(small):
     assert np.all(np.isfinite(m.predict(te))) and np.all(m.predict(te) > 0)
 
 
-def test_padding_is_masked(small):
+@pytest.mark.parametrize("flat_skip", [False, True])
+def test_padding_is_masked(small, flat_skip):
     arr = as_arrays(small["train"])
-    m = CDMPP(epochs=1, batch_size=64, seed=0).fit(arr)
+    m = CDMPP(epochs=1, batch_size=64, seed=0, flat_skip=flat_skip).fit(arr)
     n = arr.n_leaves
     assert n.max() > n.min(), "need programs with different leaf counts"
     idx = np.concatenate([np.flatnonzero(n == n.min())[:3], np.flatnonzero(n == n.max())[:3]])
@@ -130,6 +131,8 @@ def test_errors_are_clear(small):
         CDMPP(epochs=1).fit(arr)
     with pytest.raises(TensorplanError, match="leaf features"):
         ProgramArrays.from_programs([np.zeros((0, 164), np.float32)], [np.zeros(0)], device="local-1t")
+    with pytest.raises(TensorplanError, match="emb_norm"):
+        CDMPP(emb_norm="group")
 
 
 def test_boxcox_target_roundtrip_and_bounded(small):

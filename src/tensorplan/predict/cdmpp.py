@@ -509,7 +509,7 @@ def sinusoidal_table(max_pos: int, dim: int = LEAF_DIM) -> np.ndarray:
 
 def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
                dropout: float, emb_dim: int, hidden: int, max_pos: int, use_pe: bool, emb_norm: str = "layer",
-               flat_skip: bool = True):
+               flat_skip: bool = False):
     import torch
     from torch import nn
 
@@ -574,7 +574,7 @@ class CDMPP(Estimator):
     def __init__(self, d_model: int = 64, n_layers: int = 1, n_heads: int = 4, d_ff: int = 128,
                  dropout: float = 0.05, emb_dim: int = 64, hidden: int = 192, max_leaves: int = 64,
                  max_pos: int = 1024, use_pe: bool = True, target: str = "log", emb_norm: str = "layer",
-                 flat_skip: bool = True,
+                 flat_skip: bool = False,
                  lr: float = 1e-3, weight_decay: float = 1.307e-5, batch_size: int = 128,
                  epochs: int = 60, max_time_s: float | None = None, cycle_epochs: float = 10.0,
                  w_mse: float = 1.0, w_mape: float = 0.1, ape_cap: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
