@@ -114,12 +114,14 @@ def test_finetune_moves_towards_target(small):
     rng = np.random.default_rng(0)
     ft = rng.choice(len(tgt), size=min(40, len(tgt) // 2), replace=False)
     rest = np.setdiff1d(np.arange(len(tgt)), ft)
+    # the symmetric log error, which the (log-target) loss minimises; MAPE over-weights the few
+    # over-predictions of a model trained for 8 epochs on a few hundred programs
     before = m.predict(tgt.subset(ft))
-    err_before = np.mean(np.abs(before - tgt.latency_s[ft]) / tgt.latency_s[ft])
+    err_before = np.mean(np.abs(np.log(before / tgt.latency_s[ft])))
     m.finetune(tgt.subset(ft), target=tgt.subset(rest))
     after = m.predict(tgt.subset(ft))
-    err_after = np.mean(np.abs(after - tgt.latency_s[ft]) / tgt.latency_s[ft])
-    assert err_after < err_before
+    err_after = np.mean(np.abs(np.log(after / tgt.latency_s[ft])))
+    assert err_after < 0.9 * err_before
 
 
 def test_errors_are_clear(small):
