@@ -163,3 +163,15 @@ def test_cdmpp_cost_for_planner(small):
     assert cm.stats["predicted"] > 0
     n = cm.stats["predicted"] + cm.stats["fallback"]
     assert cm.cost(prim, cands[0]) == costs[0] and cm.stats["predicted"] + cm.stats["fallback"] == n  # cached
+
+
+def test_weights_from_another_network_shape_fail_clearly(small, tmp_path):
+    """A model file whose weights do not fit the network its parameters build (e.g. saved by an
+    older version with batch norm) must say so and what to do, not dump a state-dict diff."""
+    m = CDMPP(epochs=1, batch_size=64, seed=0).fit(as_arrays(small["train"]))
+    path = m.save(tmp_path / "m.pt")
+    blob = torch.load(path, weights_only=False)
+    blob["params"]["emb_norm"] = "batch"
+    torch.save(blob, path)
+    with pytest.raises(TensorplanError, match="retrain"):
+        CDMPP.load(path)

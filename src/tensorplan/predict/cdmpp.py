@@ -4,8 +4,8 @@ A tensor program is its compact AST: only the leaves (BufferStores) carry the
 164-d Ansor per-store features (`predict.features`). The model is
 
     leaves --min-max--> +PE(position) --Linear--> TransformerEncoder (key-padding mask)
-           --masked mean|sum pooling--> MLP_emb = z
-    device features --MLP_dev--> zd ;  z = BN0(z) + BN0(zd)   (shared non-affine BN)
+           --masked mean|sum pooling [| summed/max-pooled leaves, option flat_skip]--> MLP_emb = z
+    device features --MLP_dev--> zd ;  z = N0(z) + N0(zd)   (shared non-affine LayerNorm)
     z --MLP_reg--> r (tanh, the domain-alignment embedding) --Linear--> Box-Cox-standardised latency
 
 trained with `w_mse*MSE(normalised) + w_mape*MAPE(seconds)` plus `alpha*CMD(r_src, r_tgt)`
@@ -808,7 +808,12 @@ class CDMPP(Estimator):
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
                               self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe, self.emb_norm,
                               self.flat_skip)
-        self.net.load_state_dict(st["net"])
+        try:
+            self.net.load_state_dict(st["net"])
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[:2]
+            raise TensorplanError("cdmpp: the saved weights do not fit this version's network (saved by an older "
+                                  f"tensorplan?); retrain with `tensorplan train`. {' '.join(first)}") from None
         self.net.eval()
         self.history = list(st.get("history", []))
         self.train_time_s = float(st.get("train_time_s", 0.0))
