@@ -26,18 +26,11 @@ def main(seconds: float = typer.Option(150.0, "--seconds", help="Source training
          out: Path = typer.Option(Path("bench/results/cdmpp_finetune_variants.jsonl"), "--out")) -> None:
     from tensorplan.predict.cdmpp import CDMPP, regression_metrics
     from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import _Data, _val_split
-    from tensorplan.predict.finetune import few_shot_split
+    from tensorplan.predict.evaluate import device_split
 
     ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
-    D = _Data(ds)
-    src_i = np.flatnonzero(D.arr.device_name == "local-2t")
-    pool = D.arrays(np.flatnonzero(D.arr.device_name == "local-1t"))
-    S = max(2, min(len(np.unique(pool.task_key)) // 5, 40))  # as in the harness
-    sel = {m: few_shot_split(pool, S, 8, m, seed) for m in ("kmeans", "random")}
-    te = pool.subset(np.setdiff1d(np.arange(len(pool)), np.union1d(sel["kmeans"][0], sel["random"][0])))
-    tr_i, va_i = _val_split(D, src_i, by_task=False, frac=0.1, seed=seed)
-    tr, va = D.arrays(tr_i), D.arrays(va_i)
+    dv = device_split(ds, "local-2t", "local-1t", per_task=8, seed=seed)  # as in the harness
+    tr, va, te, pool, sel = dv["train"], dv["val"], dv["test"], dv["pool"], dv["selections"]
     unlabelled = pool.subset(np.arange(len(pool)))
     unlabelled.latency_s = None
     m = CDMPP(epochs=4000, max_time_s=seconds, seed=seed, cmd_alpha=cmd_alpha).fit(

@@ -26,14 +26,11 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
 
     from tensorplan.predict.cdmpp import CDMPP, regression_metrics
     from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import _Data, _val_split
+    from tensorplan.predict.evaluate import network_split
 
     kw = json.loads(params)
     ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
-    D = _Data(ds)
-    tr_ds, te_ds = ds.split(kind="network", holdout=list(HOLDOUT))
-    tr_i, va_i = _val_split(D, D.idx(tr_ds), by_task=True, frac=0.1, seed=seed)
-    tr, va, te = D.arrays(tr_i), D.arrays(va_i), D.arrays(D.idx(te_ds))
+    tr, va, te = network_split(ds, HOLDOUT, seed)
     unlabelled = te.subset(np.arange(len(te)))
     unlabelled.latency_s = None  # CMD sees the held-out programs, never their latencies
     m = CDMPP(**{"epochs": 4000, "max_time_s": seconds, "seed": seed, **kw}).fit(tr, va, unlabelled)

@@ -209,6 +209,38 @@ def sample_split(ds, seed: int = 0, data: "_Data | None" = None):
     return D.arrays(tr_i), D.arrays(va_i), D.arrays(D.idx(te_ds))
 
 
+def network_split(ds, holdout: Sequence[str], seed: int = 0, data: "_Data | None" = None):
+    """The harness's held-out-network split: (train, val or None, test) arrays; val holds out tasks."""
+    D = data or _Data(ds)
+    tr_ds, te_ds = ds.split(kind="network", holdout=list(holdout))
+    tr_i, va_i = _val_split(D, D.idx(tr_ds), by_task=True, frac=0.1, seed=seed)
+    return D.arrays(tr_i), (D.arrays(va_i) if va_i is not None else None), D.arrays(D.idx(te_ds))
+
+
+def device_split(ds, source: str, target: str, per_task: int, seed: int = 0, n_tasks: int | None = None,
+                 data: "_Data | None" = None) -> dict:
+    """The harness's held-out-device split with its few-shot selections.
+
+    Returns train/val (source device), pool (every target record), selections
+    {method: (few-shot indices into pool, rest, tasks)} for "kmeans" and "random", and test: the
+    target records chosen by neither method, so both selections are scored on the same set.
+    """
+    from .finetune import few_shot_split
+
+    D = data or _Data(ds)
+    src_i = np.flatnonzero(D.arr.device_name == source)
+    tgt_i = np.flatnonzero(D.arr.device_name == target)
+    if len(src_i) == 0 or len(tgt_i) == 0:
+        raise TensorplanError(f"evaluate: need records on both '{source}' and '{target}'")
+    pool = D.arrays(tgt_i)
+    S = n_tasks or max(2, min(len(np.unique(pool.task_key)) // 5, 40))
+    sel = {m: few_shot_split(pool, S, per_task, m, seed) for m in ("kmeans", "random")}
+    common = np.setdiff1d(np.arange(len(pool)), np.union1d(sel["kmeans"][0], sel["random"][0]))
+    tr_i, va_i = _val_split(D, src_i, by_task=False, frac=0.1, seed=seed)
+    return {"train": D.arrays(tr_i), "val": D.arrays(va_i), "pool": pool, "selections": sel,
+            "n_tasks": S, "test": pool.subset(common)}
+
+
 def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Sequence[str] = SPLITS,
              quick: bool = False, seed: int = 0, holdout_networks: Sequence[str] | None = None,
              source_device: str = "local-2t", target_device: str = "local-1t",
@@ -234,12 +266,8 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
 
     if "network" in splits:
         hold = list(holdout_networks) if holdout_networks else choose_holdout_networks(ds, seed=seed)
-        tr_ds, te_ds = ds.split(kind="network", holdout=hold)
-        tr_i, va_i = _val_split(D, D.idx(tr_ds), by_task=True, frac=0.1, seed=seed)
-        te_i = D.idx(te_ds)
-        log(f"[network] holdout {hold}: train {len(tr_i)} val {0 if va_i is None else len(va_i)} test {len(te_i)}")
-        tr, te = D.arrays(tr_i), D.arrays(te_i)
-        va = D.arrays(va_i) if va_i is not None else None
+        tr, va, te = network_split(ds, hold, seed, D)
+        log(f"[network] holdout {hold}: train {len(tr)} val {0 if va is None else len(va)} test {len(te)}")
         tgt = te.subset(np.arange(len(te)))
         tgt.latency_s = None  # the target domain is unlabelled for CMD
         out = {"holdout_networks": hold, "n_train": len(tr), "n_val": 0 if va is None else len(va),
@@ -257,24 +285,10 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
         res["splits"]["network"] = out
 
     if "device" in splits:
-        from .finetune import few_shot_split, selection_cmd
+        from .finetune import selection_cmd
 
-        src_i = np.flatnonzero(D.arr.device_name == source_device)
-        tgt_i = np.flatnonzero(D.arr.device_name == target_device)
-        if len(src_i) == 0 or len(tgt_i) == 0:
-            raise TensorplanError(f"evaluate: need records on both '{source_device}' and '{target_device}'")
-        pool = D.arrays(tgt_i)
-        n_tasks_pool = len(np.unique(pool.task_key))
-        S = fewshot_tasks or max(2, min(n_tasks_pool // 5, 40))
-        sel = {}
-        for method in ("kmeans", "random"):
-            ft, rest, tasks = few_shot_split(pool, S, fewshot_per_task, method, seed)
-            sel[method] = (ft, rest, tasks)
-        # one common evaluation set: target records chosen by neither method
-        common = np.setdiff1d(np.arange(len(pool)), np.union1d(sel["kmeans"][0], sel["random"][0]))
-        te = pool.subset(common)
-        tr_i, va_i = _val_split(D, src_i, by_task=False, frac=0.1, seed=seed)
-        tr, va = D.arrays(tr_i), D.arrays(va_i)
+        dv = device_split(ds, source_device, target_device, fewshot_per_task, seed, fewshot_tasks, D)
+        tr, va, te, pool, sel, S = dv["train"], dv["val"], dv["test"], dv["pool"], dv["selections"], dv["n_tasks"]
         unl = pool.subset(np.arange(len(pool)))
         unl.latency_s = None
         out = {"source": source_device, "target": target_device, "n_train": len(tr), "n_test": len(te),
