@@ -17,7 +17,8 @@ from tensorplan.graph import zoo
 
 TINY = [e.name for e in zoo.list_models(tag="test")]
 # Big models that export and run in a few seconds on 2 cores (the rest: bench/zoo_export.py).
-FAST_BIG = ["candy", "mobilenet-v2", "retinaface", "yolox-nano", "segformer-b0"]
+FAST_BIG = ["candy", "mobilenet-v2", "retinaface", "yolox-nano", "segformer-b0", "mobilenet-v3-large",
+            "shufflenet-v2"]
 LINEAR = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
 
 
@@ -127,6 +128,19 @@ BASELINE = {"candy": (1.68, 15.43), "resnet-50": (23.51, 8.17), "bert-base": (10
 @pytest.mark.parametrize("name", sorted(BASELINE))
 def test_param_counts_match_baseline_table(name):
     assert zoo.param_count(name) / 1e6 == pytest.approx(BASELINE[name][0], rel=0.01)
+
+
+# Published parameter counts (torchvision / the papers; classifier heads removed where the zoo model
+# is headless: ConvNeXt-T 28.59M, EfficientNet-B0 5.29M, MobileViT-S 5.58M, Swin-T 28.29M with heads).
+PUBLISHED_PARAMS = {"mobilenet-v3-large": 5.483, "shufflenet-v2": 2.279, "efficientnet-b0": 5.289 - 1.281,
+                    "convnext-tiny": 28.589 - 0.769, "mobilevit-s": 5.578 - 0.641,
+                    "swin-tiny": 28.288 - 0.769, "gpt2": 124.44}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_dataset_networks_match_published_sizes(name):
+    """The networks added for the CDMPP dataset are the published architectures, not look-alikes."""
+    assert zoo.param_count(name) / 1e6 == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
 
 
 @pytest.mark.parametrize("name", ["candy", "mobilenet-v2", "yolox-nano"])

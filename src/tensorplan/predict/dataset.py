@@ -395,7 +395,7 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
                         log(f"[{el / 60:.1f} min] programs {stats.programs} records {stats.records} "
                             f"({stats.records / el:.2f} rec/s) failed sample/build/slow "
                             f"{stats.failed_sample}/{stats.failed_build}/{stats.too_slow}; "
-                            f"done {len(done)}/{total}")
+                            f"done {n_done0 + stats.programs + stats.failed_sample}/{total}")
     except _Budget:
         log("collect: time budget reached; stopping (resume by running the same command)")
     finally:

@@ -19,7 +19,10 @@ from ..errors import TensorplanError
 #: Default networks for the dataset (zoo names); small/medium inputs so that 2 cores cope.
 DEFAULT_NETWORKS = ("resnet-50", "mobilenet-v2", "vgg-16", "bert-base", "vit-b16", "segformer-b0",
                     "efficientvit-b1", "yolox-nano", "candy", "posenet", "retinaface", "yolov2",
-                    "tiny-attention", "tiny-cnn", "tiny-convnext-ish", "tiny-mlp")
+                    "tiny-attention", "tiny-cnn", "tiny-convnext-ish", "tiny-mlp",
+                    # more kernel kinds (SE, 5x5/7x7 depthwise, shuffles, windows, causal attention)
+                    "mobilenet-v3-large", "shufflenet-v2", "efficientnet-b0", "convnext-tiny", "mobilevit-s",
+                    "swin-tiny", "gpt2")
 
 
 @dataclass

@@ -77,3 +77,29 @@ def segformer_b0() -> nn.Module:
     cfg = SegformerConfig(num_labels=150, hidden_sizes=[32, 64, 160, 256], depths=[2, 2, 2, 2],
                           num_attention_heads=[1, 2, 5, 8], decoder_hidden_size=256)
     return _Out0(SegformerForSemanticSegmentation(_eager(cfg)), "logits")
+
+
+class _Gpt2(nn.Module):
+    """GPT-2 small decoder stack over token ids (causal self-attention, tanh GELU), no LM head."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import GPT2Config, GPT2Model
+
+        self.gpt2 = GPT2Model(_eager(GPT2Config(use_cache=False)))
+
+    def forward(self, input_ids):
+        # An explicit all-ones mask keeps the exporter away from packed-sequence detection (aten::diff).
+        return self.gpt2(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                         use_cache=False).last_hidden_state
+
+
+@register("gpt2", description="GPT-2 small decoder (12 layers, 768 hidden, 12 heads, causal), sequence 128, "
+          "no LM head; input = token ids",
+          input_shapes={"input_ids": (1, 128)}, input_dtypes={"input_ids": "int64"}, int_high=50257,
+          tags={"transformer", "nlp"}, family="transformer",
+          source="Radford et al., Language Models are Unsupervised Multitask Learners, 2019; "
+                 "transformers.GPT2Model(GPT2Config()) random init",
+          output_names=("last_hidden_state",))
+def gpt2() -> nn.Module:
+    return _Gpt2()
