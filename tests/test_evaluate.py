@@ -85,10 +85,11 @@ def test_evaluate_quick_all_metrics(cdmpp_small, tmp_path):
     assert net["n_test"] > 0 and net["holdout_networks"]
     dev = res["splits"]["device"]
     for name, m in dev["models"].items():
-        for k in ("zero_shot", "fewshot_kmeans", "fewshot_random"):
+        for k in ("zero_shot", "fewshot_kmeans", "fewshot_random", "calibrated_kmeans", "calibrated_random"):
             assert keys <= set(m[k]), (name, k)
     assert dev["fewshot"]["kmeans"]["n_target_samples"] == dev["models"]["cdmpp"]["fewshot_kmeans"]["n_target_samples"]
     assert "network_mape_pct" in res["summary"] and "device_fewshot_kmeans_mape_pct" in res["summary"]
+    assert "device_calibrated_kmeans_mape_pct" in res["summary"]
     json.dumps(res)  # JSON-able
     md = render_markdown(res)
     assert "Held-out networks" in md and "| cdmpp |" in md and "few-shot KMeans" in md

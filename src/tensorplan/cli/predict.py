@@ -57,6 +57,11 @@ def register(app: typer.Typer) -> None:
         per_task: int = typer.Option(8, "--per-task", help="Programs per selected task."),
         method: str = typer.Option("kmeans", "--method", help="Task selection: kmeans or random."),
         steps: int = typer.Option(300, "--steps", help="Fine-tuning steps."),
+        adapt: str = typer.Option("finetune", "--adapt",
+                                  help="finetune: train CDMPP's head; calibrate: keep the model, fit a "
+                                       "correction from --source predictions to this device."),
+        source: Optional[str] = typer.Option(None, "--source", help="Source domain for --adapt calibrate "
+                                                                    "(default: another device in the data)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Where to save the fine-tuned model."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
@@ -66,11 +71,11 @@ def register(app: typer.Typer) -> None:
 
         dest = out or cache_dir() / "models" / f"cdmpp-{device}.pt"
         info = finetune_device(device, model=model, data=data, n_tasks=tasks, per_task=per_task, method=method,
-                               steps=steps, out=dest)
+                               steps=steps, out=dest, adapt=adapt, source=source)
         if json_out:
             print(_dump(info))
             return
-        Console().print(f"{method}: {info['n_target_samples']} samples from {len(info['tasks'])} tasks; "
+        Console().print(f"{adapt}, {method}: {info['n_target_samples']} samples from {len(info['tasks'])} tasks; "
                         f"MAPE on the rest of {device}: {info['before']['mape_pct']:.2f}% -> "
                         f"{info['after']['mape_pct']:.2f}%; saved {info['path']}")
 

@@ -350,7 +350,7 @@ def register(klass):
 
 def load_estimator(path: str | Path) -> Estimator:
     """Load any saved tensorplan estimator (CDMPP or a baseline)."""
-    from . import baselines  # noqa: F401  (registers the baseline classes)
+    from . import baselines, calibrate  # noqa: F401  (registers the baseline and calibrated classes)
 
     return Estimator.load(path)
 

@@ -127,14 +127,22 @@ def finetune_model(model, base, target_pool, n_tasks: int, per_task: int, method
     return model, ft, rest, tasks
 
 
+ADAPT = ("finetune", "calibrate")
+
+
 def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, per_task: int = 8,
                     method: str = "kmeans", steps: int = 300, seed: int = 0, out=None,
-                    max_cov: float = 0.01, stability: str = "mad") -> dict:
-    """Fine-tune a CDMPP model for `device` from the dataset's records of that domain.
+                    max_cov: float = 0.01, stability: str = "mad", adapt: str = "finetune",
+                    source: str | None = None) -> dict:
+    """Adapt a CDMPP model to `device` from the dataset's records of that domain.
 
     The records of `device` are the pool; `n_tasks` tasks are selected (`method`), `per_task` of their
     programs are the labelled few-shot set and the rest measures before/after accuracy.
+    `adapt="finetune"` trains the model's head (CDMPP); `"calibrate"` keeps the model, predicts as on
+    `source` (default: the first other device in the data) and fits a correction (`calibrate.py`).
     """
+    if adapt not in ADAPT:
+        raise TensorplanError(f"finetune: adapt must be one of {ADAPT}, got {adapt!r}")
     from pathlib import Path
 
     from .cdmpp import CDMPP, load_estimator, load_shipped, regression_metrics, resolve_domain
@@ -155,9 +163,18 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
     test = pool.subset(rest)
     before = regression_metrics(est.predict(test), test.latency_s) if len(test) else {}
     others = ds.subset(ds.records["device"].to_numpy() != dom)  # replayed while fine-tuning
-    est.finetune(pool.subset(ft), base=as_arrays(others) if len(others) else None, steps=steps)
+    if adapt == "calibrate":
+        from .calibrate import Calibrated
+
+        known = sorted(set(others.records["device"]))
+        src = source or (known[0] if known else None)
+        if src is None:
+            raise TensorplanError(f"finetune --adapt calibrate: name a --source device; the data has only '{dom}'")
+        est = Calibrated(est, source=src, seed=seed).fit(pool.subset(ft))
+    else:
+        est.finetune(pool.subset(ft), base=as_arrays(others) if len(others) else None, steps=steps)
     after = regression_metrics(est.predict(test), test.latency_s) if len(test) else {}
-    info = {"device": dom, "method": method, "tasks": tasks, "n_target_samples": int(len(ft)),
+    info = {"device": dom, "adapt": adapt, "method": method, "tasks": tasks, "n_target_samples": int(len(ft)),
             "n_eval": int(len(rest)), "before": before, "after": after}
     if out is not None:
         info["path"] = str(est.save(out))

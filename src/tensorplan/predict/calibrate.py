@@ -1,0 +1,114 @@
+"""Few-shot device adaptation by calibration: source-domain prediction × a learned correction.
+
+Why: a new device mostly rescales a program's latency by a factor that depends on a few program
+properties (is there a parallel loop and how long is it, vector width, unrolling) and on its size
+(fixed per-call costs such as thread-pool wake-up dominate kernels of a few µs: on this CPU the
+1-thread/2-thread ratio is 1.96 for most programs and as low as 0.23 for the tiniest). Fine-tuning
+network weights on a few hundred samples learns that factor poorly (reference/cdmpp.md §3; measured
+in `tensorplan evaluate`). Here the trained model keeps predicting *as on the source device* and a
+small gradient-boosted tree model, fitted on the few target samples, predicts
+log(target latency / source prediction) from those properties and the source prediction itself.
+
+The wrapper is an `Estimator`, so it is saved, loaded and scored like every other model.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import TensorplanError
+from .cdmpp import Estimator, ProgramArrays, _labelled, as_arrays, device_features, register
+
+#: Leaf features whose max / min over a program's stores feed the correction model.
+CORRECTION_FEATURES = ("parallel_num", "parallel_prod", "parallel_len", "vec_prod", "unroll_prod")
+
+
+def correction_inputs(arr: ProgramArrays, source_pred_s: np.ndarray) -> np.ndarray:
+    """[N, 12]: max and min over stores of `CORRECTION_FEATURES`, log source prediction, log2 stores."""
+    from .features import FEATURE_NAMES
+
+    cols = [FEATURE_NAMES.index(n) for n in CORRECTION_FEATURES]
+    leaf = arr.leaf_data[:, cols].astype(np.float64)
+    starts = arr.offsets[:-1]
+    mx = np.maximum.reduceat(leaf, starts, axis=0)
+    mn = np.minimum.reduceat(leaf, starts, axis=0)
+    return np.hstack([mx, mn, np.log(np.maximum(source_pred_s, 1e-12))[:, None],
+                      np.log2(arr.n_leaves)[:, None]]).astype(np.float32)
+
+
+@register
+class Calibrated(Estimator):
+    """`base` predicts as on `source`; a depth-2 boosted-tree model corrects to the target device."""
+
+    name = "calibrated"
+
+    def __init__(self, base: Estimator | None = None, source: str = "local-2t", max_depth: int = 2,
+                 n_rounds: int = 100, eta: float = 0.1, min_child_weight: float = 3.0, seed: int = 0):
+        self.base, self.source = base, source
+        self.max_depth, self.n_rounds, self.eta, self.min_child_weight, self.seed = (
+            max_depth, n_rounds, eta, min_child_weight, seed)
+        self.booster = None
+        self.n_samples = 0
+
+    def get_params(self) -> dict[str, Any]:
+        p = super().get_params()
+        p.pop("base")                       # saved in the state, as a nested model blob
+        return p
+
+    def _source_pred(self, arr: ProgramArrays) -> np.ndarray:
+        if self.base is None:
+            raise TensorplanError("calibrated: no base model")
+        src = arr.subset(np.arange(len(arr)))
+        src.device = np.repeat(device_features(self.source)[None], len(arr), axis=0)
+        return self.base.predict(src)
+
+    def fit(self, train, val=None, target=None) -> "Calibrated":
+        """Fit the correction on labelled target-device samples `train` (the base stays as it is)."""
+        import xgboost as xgb
+
+        arr = as_arrays(train)
+        y = _labelled(arr, "calibrated.fit")
+        if len(arr) < 8:
+            raise TensorplanError(f"calibrated: need at least 8 target samples to fit a correction, got {len(arr)}")
+        sp = self._source_pred(arr)
+        params = {"max_depth": self.max_depth, "eta": self.eta, "min_child_weight": self.min_child_weight,
+                  "objective": "reg:squarederror", "verbosity": 0, "seed": self.seed, "nthread": 1}
+        self.booster = xgb.train(params, xgb.DMatrix(correction_inputs(arr, sp), label=np.log(y / sp)),
+                                 num_boost_round=self.n_rounds)
+        self.n_samples = len(arr)
+        return self
+
+    def finetune(self, data, base=None) -> "Calibrated":
+        return self.fit(data)
+
+    def predict(self, records) -> np.ndarray:
+        import xgboost as xgb
+
+        if self.booster is None:
+            raise TensorplanError("calibrated: the correction is not fitted (fit it on target samples first)")
+        arr = as_arrays(records)
+        sp = self._source_pred(arr)
+        return sp * np.exp(self.booster.predict(xgb.DMatrix(correction_inputs(arr, sp))).astype(np.float64))
+
+    def _state(self):
+        if self.booster is None:
+            raise TensorplanError("calibrated.save: the correction is not fitted")
+        return {"booster": bytes(self.booster.save_raw("ubj")), "n_samples": self.n_samples,
+                "base": {"class": type(self.base).__name__, "params": self.base.get_params(),
+                         "state": self.base._state()}}
+
+    def _set_state(self, st):
+        import xgboost as xgb
+
+        from .cdmpp import _REGISTRY
+
+        b = st["base"]
+        klass = _REGISTRY.get(b["class"])
+        if klass is None:
+            raise TensorplanError(f"calibrated: unknown base model class {b['class']}")
+        self.base = klass(**b["params"])
+        self.base._set_state(b["state"])
+        self.booster = xgb.Booster()
+        self.booster.load_model(bytearray(st["booster"]))
+        self.n_samples = int(st.get("n_samples", 0))
