@@ -2,8 +2,10 @@
 
 Why: a new device mostly rescales a program's latency by a factor that depends on a few program
 properties (is there a parallel loop and how long is it, vector width, unrolling) and on its size
-(fixed per-call costs such as thread-pool wake-up dominate kernels of a few µs: on this CPU the
-1-thread/2-thread ratio is 1.96 for most programs and as low as 0.23 for the tiniest). Fine-tuning
+(fixed per-call costs such as thread-pool wake-up dominate kernels of a few µs). On this CPU the
+1-thread / 2-thread latency ratio is 1.96 (median) for programs with a parallel loop, 1.00 without
+one, and spreads from 0.17 to 2.0 (5th-95th percentile) for kernels under 10 µs
+(`python bench/cdmpp_device_ratio.py`). Fine-tuning
 network weights on a few hundred samples learns that factor poorly (reference/cdmpp.md §3; measured
 in `tensorplan evaluate`). Here the trained model keeps predicting *as on the source device* and a
 small gradient-boosted tree model, fitted on the few target samples, predicts
