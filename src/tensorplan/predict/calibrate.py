@@ -15,6 +15,7 @@ The wrapper is an `Estimator`, so it is saved, loaded and scored like every othe
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -61,9 +62,8 @@ class Calibrated(Estimator):
     def _source_pred(self, arr: ProgramArrays) -> np.ndarray:
         if self.base is None:
             raise TensorplanError("calibrated: no base model")
-        src = arr.subset(np.arange(len(arr)))
-        src.device = np.repeat(device_features(self.source)[None], len(arr), axis=0)
-        return self.base.predict(src)
+        dev = np.repeat(device_features(self.source)[None], len(arr), axis=0)
+        return self.base.predict(dataclasses.replace(arr, device=dev))   # shares the leaf arrays
 
     def fit(self, train, val=None, target=None) -> "Calibrated":
         """Fit the correction on labelled target-device samples `train` (the base stays as it is)."""
