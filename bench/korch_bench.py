@@ -176,30 +176,47 @@ def bench_model(name: str, args, store) -> dict:
     res["kernel_overhead_s"] = args.kernel_overhead
     res["kernel_overhead_from"] = args.kernel_overhead_from
     res["linear_epilogue"] = args.epilogue
-    t0 = time.perf_counter()
-    plans["tensorplan"] = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}"), **opts)
-    if not args.no_race:
-        # Finalists raced end to end: the BLP plan and the same BLP with kernel count first
-        # (1 s per kernel), which is the fewest ORT sessions; the faster becomes the plan.
+
+    def raced(key: str, **extra) -> dict | None:
+        """The BLP plan, raced end to end against the same BLP with kernel count first (1 s per
+        kernel, i.e. the fewest ORT sessions); the faster becomes plans[key]."""
+        plans[key] = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}") if key == "tensorplan" else None,
+                                 **opts, **extra)
+        if args.no_race:
+            return None
         from tensorplan.runtime.executor import race_plans
         t_race = time.perf_counter()
-        fewest = orchestrate(name, cost=cm, **{**opts, "kernel_overhead_s": 1.0, "progress": False})
-        if len(fewest.kernels) != len(plans["tensorplan"].kernels):
-            win, med = race_plans({"blp": plans["tensorplan"], "fewest-kernels": fewest}, fission(g).graph, feeds,
-                                  threads=args.threads)
-            res["race"] = {"median_ms": {k: v * 1e3 for k, v in med.items()}, "chosen": win,
-                           "kernels": {"blp": len(plans["tensorplan"].kernels), "fewest-kernels": len(fewest.kernels)},
-                           "seconds": time.perf_counter() - t_race}
-            log(f"  race: {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in med.items())} -> {win}")
-            if win == "fewest-kernels":
-                plans["tensorplan"] = fewest
+        fewest = orchestrate(name, cost=cm, **{**opts, **extra, "kernel_overhead_s": 1.0, "progress": False})
+        if len(fewest.kernels) == len(plans[key].kernels):
+            return None
+        win, med = race_plans({"blp": plans[key], "fewest-kernels": fewest}, plans[key].primitive_graph(), feeds,
+                              threads=args.threads)
+        log(f"  race ({key}): {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in med.items())} -> {win}")
+        if win == "fewest-kernels":
+            plans[key] = fewest
+        return {"median_ms": {k: v * 1e3 for k, v in med.items()}, "chosen": win,
+                "kernels": {"blp": len(plans[key].kernels), "fewest-kernels": len(fewest.kernels)},
+                "seconds": time.perf_counter() - t_race}
+
+    t0 = time.perf_counter()
+    race = raced("tensorplan")
+    if race:
+        res["race"] = race
     res["optimise_wall_s"] = time.perf_counter() - t0
     plan_dir = cache_dir() / "plans"
     plan_dir.mkdir(parents=True, exist_ok=True)
     res["plan_path"] = str(plans["tensorplan"].save(plan_dir / f"{name}.json"))
     res["cost_stats"] = dict(cm.stats)
-    prims = {"tensorplan": fission(g).graph}
+    prims = {"tensorplan": plans["tensorplan"].primitive_graph()}
+    # what the plan computes after graph/rewrite.py (the bound above is for the model as given)
+    res["roofline"]["rewritten_gflops"] = analysis.graph_flops(plans["tensorplan"].source_graph()) / 1e9
     if not args.no_ablations:
+        # the exact rewrites of graph/rewrite.py off (prim graph of the original model), raced like
+        # the plan itself so that the difference is the rewrites alone
+        race = raced("no-rewrite", rewrite=False)
+        if race:
+            res["race_no_rewrite"] = race
+        prims["no-rewrite"] = plans["no-rewrite"].primitive_graph()
         plans["no-regions"] = orchestrate(name, cost=cm, regions=False, **opts)
         prims["no-regions"] = prims["tensorplan"]
         plans["greedy"] = orchestrate(name, cost=cm, method="greedy", **opts)
@@ -208,7 +225,7 @@ def bench_model(name: str, args, store) -> dict:
         prims["no-recompute"] = prims["tensorplan"]
         with no_fission_rules():
             plans["no-fission"] = orchestrate(name, cost=cm, **opts)
-        prims["no-fission"] = fission(g, rules={}).graph
+        prims["no-fission"] = fission(plans["no-fission"].source_graph(), rules={}).graph
 
     # -- build everything, then time interleaved -------------------------------------------
     runners: dict = {}
@@ -294,7 +311,8 @@ def bench_model(name: str, args, store) -> dict:
         res["candidates"] = p.stats.get("enumeration", {}).get("candidates")
         res["unique_candidates"] = p.stats.get("enumeration", {}).get("unique_hashes")
         res["ort_regions"] = p.stats.get("ort_regions")
-        for key in ("no-regions", "greedy", "no-recompute", "no-fission"):
+        res["rewrites"] = p.source.get("rewrites", [])
+        for key in ("no-rewrite", "no-regions", "greedy", "no-recompute", "no-fission"):
             if key in med:
                 res.setdefault("ablations", {})[key] = {"median_ms": med[key] * 1e3, "slowdown": med[key] / tp,
                                                         "kernels": len(plans[key].kernels),

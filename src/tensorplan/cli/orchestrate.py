@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
         kernel_overhead: float = typer.Option(0.0, "--kernel-overhead",
                                               help="Seconds added per kernel in the BLP objective (boundary cost "
                                                    "solo timings miss; bench/korch_bench.py derives one)."),
+        rewrite: bool = typer.Option(True, "--rewrite/--no-rewrite",
+                                     help="Apply exact algebraic rewrites first (1x1 convolutions moved "
+                                          "before upsampling, identity resizes dropped)."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
     ) -> None:
         """Fission, enumerate candidate kernels, cost them, solve the BLP, write a verified plan."""
@@ -48,7 +51,7 @@ def register(app: typer.Typer) -> None:
                    linear_epilogue=linear_epilogue, recompute=not no_recompute, cuts=not no_cuts,
                    time_limit=time_limit, method=method, progress=not as_json,
                    regions=None if regions else False, region_segments=region_segments,
-                   kernel_overhead_s=kernel_overhead,
+                   kernel_overhead_s=kernel_overhead, rewrite=rewrite,
                    log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
         if output is not None:
             plan.save(output)
@@ -76,6 +79,10 @@ def register(app: typer.Typer) -> None:
         t.add_row("buffer arena", f"{summ['arena_bytes'] / 2**20:.1f} MiB in {len(plan.slots)} slots")
         tm = plan.timing
         t.add_row("time", ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in tm.items()))
+        rw: dict[str, int] = {}
+        for rule, _ in summ["rewrites"]:
+            rw[rule] = rw.get(rule, 0) + 1
+        t.add_row("rewrites", ", ".join(f"{k} x{v}" for k, v in rw.items()) or "none")
         op = summ["opaque"]
         t.add_row("opaque ops", ", ".join(f"{o} ({n})" for n, o in op[:8]) + (" ..." if len(op) > 8 else "")
                   if op else "none")

@@ -69,7 +69,7 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
                 cuts: bool = True, time_limit: float = 60.0, method: str = "blp",
                 require_optimal: bool = False, store: Any = None, progress: bool = False,
                 regions: bool | None = None, region_segments: int = 8, kernel_overhead_s: float = 0.0,
-                log: Callable[[str], None] | None = None) -> Plan:
+                rewrite: bool = True, log: Callable[[str], None] | None = None) -> Plan:
     """Plan the kernels of `model` (ONNX path, zoo name or Graph) on `device`; returns a verified Plan.
 
     Options: `max_nodes`/`max_reduces` cap candidate size; `linear_epilogue` lets a linear
@@ -93,6 +93,16 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
     g, spec_name = _load(model, input_shapes, opset)
     timing["load_s"] = time.perf_counter() - t0
     say(f"loaded {spec_name}: {len(g.nodes)} operators ({timing['load_s']:.2f}s)")
+    applied: list = []
+    if rewrite:
+        from ..graph.rewrite import rewrite as rewrite_graph
+        t0 = time.perf_counter()
+        rr = rewrite_graph(g)
+        g, applied = rr.graph, rr.applied
+        timing["rewrite_s"] = time.perf_counter() - t0
+        if applied:
+            say("rewrites: " + ", ".join(f"{k} x{v}" for k, v in rr.counts.items()) +
+                f" ({timing['rewrite_s']:.2f}s)")
 
     t0 = time.perf_counter()
     fr = fission(g)
@@ -165,6 +175,7 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
         source={"model": spec_name, "opset": int(getattr(g, "opset", opset)),
                 "input_shapes": {k: list(v) for k, v in g.input_shapes().items()},
                 "fingerprint": g.fingerprint(), "prim_fingerprint": prim.fingerprint(),
+                "rewrite": bool(rewrite), "rewrites": [list(x) for x in applied],
                 "num_operators": len(g.nodes), "num_primitives": len(prim.nodes),
                 "opaque": [list(x) for x in fr.opaque], "fission_rules": fr.rules_applied},
         device=dev_dict, kernels=kernels, order=order,
@@ -176,7 +187,7 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
                                "selected": sum(1 for i in sel.chosen if by_id[i].kind == "region"),
                                "kernels_after_merge": sum(1 for k in kernels if k.kind == "region"),
                                "primitives": sum(len(k.nodes) for k in kernels if k.kind == "region")}},
-        options={"regions": use_regions, "region_segments": region_segments, "kernel_overhead_s": kernel_overhead_s, "max_nodes": max_nodes,
+        options={"rewrite": bool(rewrite), "regions": use_regions, "region_segments": region_segments, "kernel_overhead_s": kernel_overhead_s, "max_nodes": max_nodes,
                  "max_reduces": max_reduces, "linear_epilogue": linear_epilogue,
                  "recompute": recompute, "cuts": cuts, "time_limit": time_limit, "method": method,
                  "cost": getattr(cm, "name", type(cm).__name__)},

@@ -102,11 +102,20 @@ class Plan:
         return [by[k] for k in self.order]
 
     def source_graph(self) -> Graph:
-        """Reload the original model from `source` (region kernels run its operators)."""
+        """Reload the model from `source` with the plan's rewrites re-applied (region kernels run
+        its operators); fails if the rewrites no longer come out the same."""
         from ..graph import load_model  # type: ignore[attr-defined]
         src = self.source
         shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None
-        return load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
+        g = load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
+        if not src.get("rewrite"):
+            return g
+        from ..graph.rewrite import rewrite
+        rr = rewrite(g)
+        if [list(x) for x in rr.applied] != [list(x) for x in src.get("rewrites") or []]:
+            raise PlanError(f"plan for '{src['model']}' was made with rewrites {src.get('rewrites')}, but the model "
+                            f"now gives {[list(x) for x in rr.applied]}; re-run `tensorplan orchestrate`")
+        return rr.graph
 
     def primitive_graph(self) -> Graph:
         """Reload the model from `source` and re-run fission; fails if it no longer matches."""
@@ -172,7 +181,8 @@ class Plan:
         return {"model": self.source.get("model"), "device": self.device.get("name"),
                 "kernels": len(self.kernels), "kinds": kinds, "predicted_s": self.predicted_s,
                 "solver": {k: self.solver.get(k) for k in ("method", "status", "mip_gap", "solve_s", "objective_s")},
-                "opaque": self.source.get("opaque", []), "timing": self.timing,
+                "opaque": self.source.get("opaque", []), "rewrites": self.source.get("rewrites", []),
+                "timing": self.timing,
                 "recomputed_primitives": self.stats.get("recomputed_primitives"),
                 "arena_bytes": sum(self.slots)}
 

@@ -1,0 +1,231 @@
+"""Algebraic rewrites of the operator graph before fission: exact in real arithmetic, fewer FLOPs.
+
+Why: Korch (and ONNX Runtime) only regroup the operators a model is given. Decoders and
+feature pyramids (SegFormer's all-MLP head, YOLO necks) upsample low-resolution maps and
+then mix channels with a 1x1 convolution at the *high* resolution. Both operators are linear
+and act on different axes, so they commute: the convolution can run before the upsampling,
+on 4-64x fewer pixels. Each rule is exact up to floating-point rounding (checked against
+ONNX Runtime on the original model in tests/test_rewrite.py):
+
+- ``identity_resize``: a Resize/Upsample whose output shape equals its input shape and whose
+  sampling grid is the identity is dropped (ONNX Runtime still runs it).
+- ``split_concat_conv``: ``Conv1x1(Concat(x_1..x_k, axis=1))`` = ``sum_i Conv1x1_i(x_i)`` with
+  the weight split along input channels (bias on the first part). Only applied when a part
+  is an upsampling Resize, so the next rule can move that part's convolution down.
+- ``conv_before_resize``: ``Conv1x1(Resize_up(x))`` = ``Resize_up(Conv1x1(x))`` for nearest or
+  (bi)linear Resize over spatial axes only: every output pixel is a convex combination of
+  input pixels (weights sum to 1), so channel mixing and its bias commute with it.
+
+`rewrite(graph)` returns a new graph and the list of rules applied (name, node); the plan
+records that list, and `rewrite` is deterministic, so a plan re-derives the same graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .ir import Graph, Node, Tensor, unique_name
+
+RULES = ("identity_resize", "split_concat_conv", "conv_before_resize")
+
+
+@dataclass
+class RewriteResult:
+    graph: Graph
+    applied: list[tuple[str, str]] = field(default_factory=list)  # (rule, node name)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for rule, _ in self.applied:
+            out[rule] = out.get(rule, 0) + 1
+        return out
+
+
+def _s(v, default: str) -> str:
+    if v is None:
+        return default
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _const(g: Graph, name: str) -> np.ndarray | None:
+    t = g.tensors.get(name) if name else None
+    return None if t is None or t.data is None else np.asarray(t.data)
+
+
+def _is_conv1x1(g: Graph, n: Node) -> bool:
+    """A plain 1x1 convolution: no stride, padding or groups, weight known."""
+    if n.op != "Conv" or len(n.inputs) < 2:
+        return False
+    w = _const(g, n.inputs[1])
+    if w is None or w.ndim != 4 or w.shape[2:] != (1, 1):
+        return False
+    if len(n.inputs) > 2 and n.inputs[2] and _const(g, n.inputs[2]) is None:
+        return False
+    a = n.attrs
+    if int(a.get("group", 1)) != 1 or any(int(s) != 1 for s in a.get("strides", [1, 1])):
+        return False
+    if any(int(p) != 0 for p in a.get("pads", [0, 0, 0, 0])):
+        return False
+    return _s(a.get("auto_pad"), "NOTSET") in ("NOTSET", "VALID")
+
+
+def _resize_kind(g: Graph, n: Node) -> str | None:
+    """'identity' or 'up' for a 4-D nearest/linear Resize over spatial axes only, else None."""
+    if n.op not in ("Resize", "Upsample") or not n.inputs or not n.inputs[0]:
+        return None
+    x, y = g.tensors.get(n.inputs[0]), g.tensors.get(n.outputs[0])
+    if x is None or y is None or len(x.shape) != 4 or tuple(x.shape[:2]) != tuple(y.shape[:2]):
+        return None
+    mode = _s(n.attrs.get("mode"), "nearest")
+    ctm = _s(n.attrs.get("coordinate_transformation_mode"), "half_pixel")
+    if mode not in ("nearest", "linear") or ctm == "tf_crop_and_resize" or int(n.attrs.get("antialias", 0)):
+        return None
+    if tuple(x.shape) == tuple(y.shape):
+        # the identity grid: same size and no scale other than 1 (a scale given with equal sizes)
+        sidx = 2 if n.op == "Resize" and g.opset >= 11 else 1
+        sc = _const(g, n.inputs[sidx]) if len(n.inputs) > sidx else None
+        if sc is not None and sc.size and not np.allclose(sc.astype(np.float64), 1.0):
+            return None
+        if n.op == "Upsample" and n.attrs.get("scales") is not None \
+                and not np.allclose(np.asarray(n.attrs["scales"], dtype=np.float64), 1.0):
+            return None
+        if mode == "nearest" and ctm == "tf_half_pixel_for_nn":
+            return None  # shifts by half a pixel even at scale 1
+        return "identity"
+    if all(yo >= xo for xo, yo in zip(x.shape[2:], y.shape[2:])):
+        return "up"
+    return None
+
+
+class _Editor:
+    """Small helper that adds uniquely named tensors/nodes to a graph being rewritten."""
+
+    def __init__(self, g: Graph):
+        self.g = g
+        self.names = set(g.tensors) | {n.name for n in g.nodes}
+
+    def name(self, base: str) -> str:
+        nm = unique_name(self.names, base)
+        self.names.add(nm)
+        return nm
+
+    def const(self, base: str, value: np.ndarray) -> str:
+        nm = self.name(base)
+        self.g.add_tensor(Tensor(nm, tuple(value.shape), str(value.dtype), value))
+        return nm
+
+    def tensor(self, base: str, shape, dtype: str = "float32") -> str:
+        nm = self.name(base)
+        self.g.add_tensor(Tensor(nm, tuple(int(d) for d in shape), dtype))
+        return nm
+
+
+def _drop_identity_resizes(g: Graph, applied: list) -> bool:
+    outs = set(g.outputs)
+    for n in list(g.nodes):
+        if _resize_kind(g, n) != "identity" or n.outputs[0] in outs:
+            continue
+        src, dst = n.inputs[0], n.outputs[0]
+        for m in g.nodes:
+            m.inputs = [src if i == dst else i for i in m.inputs]
+        g.nodes.remove(n)
+        applied.append(("identity_resize", n.name))
+        return True
+    return False
+
+
+def _split_concat_conv(g: Graph, ed: _Editor, applied: list) -> bool:
+    prod = g.producers()
+    for n in list(g.nodes):
+        if not _is_conv1x1(g, n):
+            continue
+        cat = prod.get(n.inputs[0])
+        if cat is None or cat.op != "Concat" or int(cat.attrs.get("axis", 1)) % 4 != 1:
+            continue
+        parts = [i for i in cat.inputs if i]
+        if not any(p in prod and _resize_kind(g, prod[p]) == "up" for p in parts):
+            continue
+        w = _const(g, n.inputs[1])
+        b = _const(g, n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else None
+        y = g.tensors[n.outputs[0]]
+        terms: list[str] = []
+        c0 = 0
+        new_nodes: list[Node] = []
+        for k, p in enumerate(parts):
+            c = g.tensors[p].shape[1]
+            wk = np.ascontiguousarray(w[:, c0:c0 + c])
+            c0 += c
+            ins = [p, ed.const(f"{n.inputs[1]}.part{k}", wk)]
+            if b is not None and k == 0:
+                ins.append(n.inputs[2])
+            out = ed.tensor(f"{n.outputs[0]}.part{k}", y.shape, y.dtype)
+            new_nodes.append(Node(ed.name(f"{n.name}.part{k}"), "Conv", ins, [out], dict(n.attrs), n.domain))
+            terms.append(out)
+        acc = terms[0]
+        for k, t in enumerate(terms[1:], start=1):
+            out = n.outputs[0] if k == len(terms) - 1 else ed.tensor(f"{n.outputs[0]}.sum{k}", y.shape, y.dtype)
+            new_nodes.append(Node(ed.name(f"{n.name}.sum{k}"), "Add", [acc, t], [out]))
+            acc = out
+        at = g.nodes.index(n)
+        g.nodes[at:at + 1] = new_nodes
+        applied.append(("split_concat_conv", n.name))
+        return True
+    return False
+
+
+def _conv_before_resize(g: Graph, ed: _Editor, applied: list) -> bool:
+    prod = g.producers()
+    for n in list(g.nodes):
+        if not _is_conv1x1(g, n):
+            continue
+        rs = prod.get(n.inputs[0])
+        if rs is None or _resize_kind(g, rs) != "up":
+            continue
+        x = g.tensors[rs.inputs[0]]
+        y = g.tensors[n.outputs[0]]
+        low = ed.tensor(f"{n.outputs[0]}.lowres", (x.shape[0], y.shape[1], *x.shape[2:]), y.dtype)
+        conv = Node(ed.name(f"{n.name}.lowres"), "Conv", [rs.inputs[0], *n.inputs[1:]], [low], dict(n.attrs), n.domain)
+        r_ins = list(rs.inputs)
+        r_ins[0] = low
+        sidx = 3 if rs.op == "Resize" and g.opset >= 11 else None
+        if sidx is not None and len(r_ins) > sidx and r_ins[sidx]:
+            sizes = _const(g, r_ins[sidx]).astype(np.int64).copy()
+            sizes[1] = y.shape[1]
+            r_ins[sidx] = ed.const(f"{rs.inputs[sidx]}.c{y.shape[1]}", sizes)
+        resize = Node(ed.name(f"{rs.name}.after_{n.name}"), rs.op, r_ins, [n.outputs[0]], dict(rs.attrs), rs.domain)
+        at = g.nodes.index(n)
+        g.nodes[at:at + 1] = [conv, resize]
+        applied.append(("conv_before_resize", n.name))
+        return True
+    return False
+
+
+def rewrite(graph: Graph, rules: tuple[str, ...] | list[str] = RULES) -> RewriteResult:
+    """Apply `rules` (see module docstring) until none fires; returns a new, pruned graph."""
+    unknown = set(rules) - set(RULES)
+    if unknown:
+        from ..errors import TensorplanError
+        raise TensorplanError(f"unknown rewrite rule(s) {sorted(unknown)}; known: {', '.join(RULES)}")
+    g = graph.copy()
+    ed = _Editor(g)
+    applied: list[tuple[str, str]] = []
+    steps = {"identity_resize": lambda: _drop_identity_resizes(g, applied),
+             "split_concat_conv": lambda: _split_concat_conv(g, ed, applied),
+             "conv_before_resize": lambda: _conv_before_resize(g, ed, applied)}
+    changed = True
+    while changed:
+        changed = False
+        for r in RULES:
+            if r in rules:
+                while steps[r]():
+                    changed = True
+    if applied:
+        g.prune()
+        g.toposort()
+        g.validate()
+    return RewriteResult(g, applied)
+
+
+__all__ = ["RULES", "RewriteResult", "rewrite"]
