@@ -179,23 +179,33 @@ def bench_model(name: str, args, store) -> dict:
 
     def raced(key: str, **extra) -> dict | None:
         """The BLP plan, raced end to end against the same BLP with kernel count first (1 s per
-        kernel, i.e. the fewest ORT sessions); the faster becomes plans[key]."""
-        plans[key] = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}") if key == "tensorplan" else None,
-                                 **opts, **extra)
+        kernel, i.e. the fewest ORT sessions) and, when the BLP plan has several kernels, the BLP
+        without recomputation (near-equal predicted plans can differ by 20 % in a running plan);
+        the fastest becomes plans[key]."""
+        blp = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}") if key == "tensorplan" else None,
+                          **opts, **extra)
+        plans[key] = blp
         if args.no_race:
             return None
         from tensorplan.runtime.executor import race_plans
         t_race = time.perf_counter()
+        finalists = {"blp": blp}
         fewest = orchestrate(name, cost=cm, **{**opts, **extra, "kernel_overhead_s": 1.0, "progress": False})
-        if len(fewest.kernels) == len(plans[key].kernels):
+        if len(fewest.kernels) != len(blp.kernels):
+            finalists["fewest-kernels"] = fewest
+        if len(blp.kernels) > 1 and extra.get("recompute", True):
+            norec = orchestrate(name, cost=cm, **{**opts, **extra, "recompute": False, "progress": False})
+            if len(norec.kernels) > 1 and norec.stats.get("recomputed_primitives") == 0 \
+                    and blp.stats.get("recomputed_primitives"):
+                finalists["blp-no-recompute"] = norec
+        if len(finalists) == 1:
             return None
-        win, med = race_plans({"blp": plans[key], "fewest-kernels": fewest}, plans[key].primitive_graph(), feeds,
-                              threads=args.threads)
+        win, med = race_plans(finalists, blp.primitive_graph(), feeds, threads=args.threads,
+                              burst_s=args.burst_ms / 1e3)
         log(f"  race ({key}): {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in med.items())} -> {win}")
-        if win == "fewest-kernels":
-            plans[key] = fewest
+        plans[key] = finalists[win]
         return {"median_ms": {k: v * 1e3 for k, v in med.items()}, "chosen": win,
-                "kernels": {"blp": len(plans[key].kernels), "fewest-kernels": len(fewest.kernels)},
+                "kernels": {k: len(p.kernels) for k, p in finalists.items()},
                 "seconds": time.perf_counter() - t_race}
 
     t0 = time.perf_counter()
@@ -272,7 +282,8 @@ def bench_model(name: str, args, store) -> dict:
             info["systems"][key] = {"error": f"{type(e).__name__}: {str(e)[:400]}",
                                     "trace": traceback.format_exc()[-1500:]}
     log(f"  timing {len(runners)} systems x {args.rounds} rounds (interleaved)")
-    times = interleaved(runners, args.rounds)  # tensorplan.measure.timer
+    times = interleaved(runners, args.rounds, burst_s=args.burst_ms / 1e3)  # tensorplan.measure.timer
+    res["burst_ms"] = args.burst_ms
     med = {k: statistics.median(v) for k, v in times.items()}
     if "tensorplan" in executors:
         ksum = sum(executors["tensorplan"].kernel_times(budget_s=0.01))
@@ -379,6 +390,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-race", action="store_true",
                     help="keep the BLP plan without racing it against the fewest-kernels plan")
     ap.add_argument("--no-ablations", action="store_true")
+    ap.add_argument("--burst-ms", type=float, default=30.0,
+                    help="per round, run each system back to back for about this long and keep the burst's "
+                         "median (steady state; 0 = one cold call per round)")
     ap.add_argument("--no-relax", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--relax-runs", type=int, default=2)

@@ -164,3 +164,23 @@ def test_measure_stable_flags_noisy_work():
     t = measure_stable(lambda: calls.append(1), max_cov=1e9, attempts=3, warmup=0, min_repeats=3, max_repeats=3,
                        budget_s=0)
     assert t.extra == {"attempts": 1, "unstable": False, "max_cov": 1e9} and len(calls) == 3
+
+
+def test_interleaved_bursts_measure_steady_state_not_the_cold_first_call():
+    from tensorplan.measure.timer import interleaved
+
+    class ColdAfterPause:
+        """Slow (5 ms) on the first call after an idle gap, fast (0.5 ms) when called back to back."""
+        def __init__(self):
+            self.last = 0.0
+
+        def __call__(self):
+            time.sleep(0.005 if time.perf_counter() - self.last > 0.03 else 0.0005)
+            self.last = time.perf_counter()
+
+    cold = interleaved({"a": ColdAfterPause(), "b": lambda: time.sleep(0.001)}, rounds=3)
+    assert all(len(v) == 3 for v in cold.values())
+    assert min(cold["a"]) > 0.004  # one call per round: always the cold one
+    steady = interleaved({"a": ColdAfterPause(), "b": lambda: time.sleep(0.001)}, rounds=3, burst_s=0.02)
+    assert all(len(v) == 3 for v in steady.values())
+    assert max(steady["a"]) < 0.003 and max(steady["a"]) < min(steady["b"]) * 3

@@ -285,7 +285,7 @@ def run_plan(plan: str | Path | Plan | dict, feeds: dict[str, np.ndarray] | None
 
 
 def race_plans(plans: dict[str, Plan], prim: Graph, feeds: dict[str, np.ndarray], threads: int = 2,
-               rounds: int = 7, pause_s: float = 0.05) -> tuple[str, dict[str, float]]:
+               rounds: int = 7, pause_s: float = 0.05, burst_s: float = 0.0) -> tuple[str, dict[str, float]]:
     """Run several plans of one model interleaved (random order per round, a pause before each
     run, as the benchmark does) and return (fastest name, median seconds per plan).
 
@@ -300,7 +300,7 @@ def race_plans(plans: dict[str, Plan], prim: Graph, feeds: dict[str, np.ndarray]
             ex = PlanExecutor(p, prim, threads=threads)
             ex.set_inputs(feeds)
             runs[name] = ex.run_bound
-        times = interleaved(runs, rounds, pause_s=pause_s)
+        times = interleaved(runs, rounds, pause_s=pause_s, burst_s=burst_s)
     med = {n: statistics.median(v) for n, v in times.items()}
     return min(med, key=med.get), med
 
