@@ -242,6 +242,10 @@ def bench_model(name: str, args, store) -> dict:
     info: dict = {"systems": {}}
     fn, _sess = ort_runner(path, feeds, args.threads)
     runners["onnxruntime"] = fn
+    # a second, identical ONNX Runtime session: not a baseline but the noise floor of this run
+    # (how far two identical systems timed interleaved in one process land apart)
+    fn, _sess2 = ort_runner(path, feeds, args.threads)
+    runners["ort-control"] = fn
     ref = ort_reference(plans["tensorplan"], feeds, threads=args.threads)
     try:
         fn, keep = eager_runner(name)

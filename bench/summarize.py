@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,8 +85,8 @@ def korch_section(kdir: Path) -> list[str]:
             rows.append(r)
     if not rows:
         return []
-    systems = ["onnxruntime", "pytorch", "torch.compile", "tvm-relax", "tensorplan", "no-rewrite", "no-regions",
-               "greedy", "no-recompute", "no-fission"]
+    systems = ["onnxruntime", "ort-control", "pytorch", "torch.compile", "tvm-relax", "tensorplan", "no-rewrite",
+               "no-regions", "greedy", "no-recompute", "no-fission"]
     out = ["## Korch on this CPU (end to end)", "",
            f"`python bench/korch_bench.py --results-dir {kdir.resolve().relative_to(ROOT)}` — every system timed "
            "in one process, interleaved (random order each round"
@@ -94,8 +95,9 @@ def korch_section(kdir: Path) -> list[str]:
            "`vs best` = best baseline / tensorplan (>1 means the plan is faster). `no-rewrite` is the plan "
            "without the exact algebraic rewrites of `graph/rewrite.py` (raced like the plan); `no-regions` is "
            "the plan from Korch's kernels alone (no ONNX Runtime region candidates); `tvm-relax` is the untuned "
-           "default build, timed separately. `ORT regions` = region kernels after merging / primitives "
-           "they cover.", "",
+           "default build, timed separately. `ort-control` is a second, identical ONNX Runtime session "
+           "timed like the others: its distance from `onnxruntime` is this run's noise floor. `ORT regions` = "
+           "region kernels after merging / primitives they cover.", "",
            "| model | " + " | ".join(systems) + " | vs best | kernels | ORT regions | predicted ms "
            "| load avg (1 min, start→end) |",
            "|---|" + "---|" * (len(systems) + 5)]
@@ -112,6 +114,12 @@ def korch_section(kdir: Path) -> list[str]:
         out.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['speedup_vs_best_baseline']:.2f} | "
                    f"{r['kernels_per_inference']} | {regs} | {r['predicted_ms']:.1f} | {load_avg} |")
     out += ["", f"Geomean speed-up over the best baseline: **{_geo(ratios):.2f}×** over {len(ratios)} models."]
+    ctl = [abs(r["median_ms"]["ort-control"] / r["median_ms"]["onnxruntime"] - 1) for r in rows
+           if "ort-control" in r["median_ms"]]
+    if ctl:
+        out += ["", f"Noise floor: the two identical ONNX Runtime sessions land {statistics.median(ctl) * 100:.0f} % "
+                f"apart (median over models, at most {max(ctl) * 100:.0f} %); differences below that are not "
+                "results."]
 
     # -- roofline distance of every system, and where the optimisation time goes -----------------
     base = ["onnxruntime", "pytorch", "torch.compile", "tensorplan"]
