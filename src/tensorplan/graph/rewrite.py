@@ -136,12 +136,23 @@ def _drop_identity_resizes(g: Graph, applied: list) -> bool:
     return False
 
 
-def _split_concat_conv(g: Graph, ed: _Editor, applied: list) -> bool:
+def _convs1x1(g: Graph):
+    """(conv, producer of its input or None) for every plain 1x1 convolution, in graph order."""
     prod = g.producers()
     for n in list(g.nodes):
-        if not _is_conv1x1(g, n):
-            continue
-        cat = prod.get(n.inputs[0])
+        if _is_conv1x1(g, n):
+            yield n, prod.get(n.inputs[0]), prod
+
+
+def _replace(g: Graph, node: Node, new_nodes: list[Node], rule: str, applied: list) -> bool:
+    at = g.nodes.index(node)
+    g.nodes[at:at + 1] = new_nodes
+    applied.append((rule, node.name))
+    return True
+
+
+def _split_concat_conv(g: Graph, ed: _Editor, applied: list) -> bool:
+    for n, cat, prod in _convs1x1(g):
         if cat is None or cat.op != "Concat" or int(cat.attrs.get("axis", 1)) % 4 != 1:
             continue
         parts = [i for i in cat.inputs if i]
@@ -168,19 +179,12 @@ def _split_concat_conv(g: Graph, ed: _Editor, applied: list) -> bool:
             out = n.outputs[0] if k == len(terms) - 1 else ed.tensor(f"{n.outputs[0]}.sum{k}", y.shape, y.dtype)
             new_nodes.append(Node(ed.name(f"{n.name}.sum{k}"), "Add", [acc, t], [out]))
             acc = out
-        at = g.nodes.index(n)
-        g.nodes[at:at + 1] = new_nodes
-        applied.append(("split_concat_conv", n.name))
-        return True
+        return _replace(g, n, new_nodes, "split_concat_conv", applied)
     return False
 
 
 def _conv_before_resize(g: Graph, ed: _Editor, applied: list) -> bool:
-    prod = g.producers()
-    for n in list(g.nodes):
-        if not _is_conv1x1(g, n):
-            continue
-        rs = prod.get(n.inputs[0])
+    for n, rs, _ in _convs1x1(g):
         if rs is None or _resize_kind(g, rs) != "up":
             continue
         x = g.tensors[rs.inputs[0]]
@@ -195,10 +199,7 @@ def _conv_before_resize(g: Graph, ed: _Editor, applied: list) -> bool:
             sizes[1] = y.shape[1]
             r_ins[sidx] = ed.const(f"{rs.inputs[sidx]}.c{y.shape[1]}", sizes)
         resize = Node(ed.name(f"{rs.name}.after_{n.name}"), rs.op, r_ins, [n.outputs[0]], dict(rs.attrs), rs.domain)
-        at = g.nodes.index(n)
-        g.nodes[at:at + 1] = [conv, resize]
-        applied.append(("conv_before_resize", n.name))
-        return True
+        return _replace(g, n, [conv, resize], "conv_before_resize", applied)
     return False
 
 
