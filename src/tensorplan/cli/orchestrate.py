@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -79,9 +80,7 @@ def register(app: typer.Typer) -> None:
         t.add_row("buffer arena", f"{summ['arena_bytes'] / 2**20:.1f} MiB in {len(plan.slots)} slots")
         tm = plan.timing
         t.add_row("time", ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in tm.items()))
-        rw: dict[str, int] = {}
-        for rule, _ in summ["rewrites"]:
-            rw[rule] = rw.get(rule, 0) + 1
+        rw = Counter(rule for rule, _ in summ["rewrites"])
         t.add_row("rewrites", ", ".join(f"{k} x{v}" for k, v in rw.items()) or "none")
         op = summ["opaque"]
         t.add_row("opaque ops", ", ".join(f"{o} ({n})" for n, o in op[:8]) + (" ..." if len(op) > 8 else "")
