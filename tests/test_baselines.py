@@ -70,8 +70,8 @@ def test_feature_helpers(cdmpp_small):
     b = program_bytes(arr)
     assert np.all(b > 0)
     steps = _trace_steps(arr.trace[0])
-    assert len(steps) > 0 and all(isinstance(k, str) for k, _ in steps)
-    kinds = {k for k, _ in steps}
+    assert len(steps) > 0 and all(isinstance(k, str) for k, _, _ in steps)
+    kinds = {k for k, _, _ in steps}
     assert kinds & {"GetSBlock", "SamplePerfectTile", "Split", "GetLoops"}, kinds
 
 
@@ -82,7 +82,9 @@ def test_trace_steps_keep_numeric_inputs():
               ["Split", ["l9", None, 64], [True, False], ["l10", "l11"]],
               ["SamplePerfectTile", ["l1"], [4, 64], ["v1", "v2", "v3", "v4"]]],
              [[3, [2, 4, 8, 1]]]]
-    steps = dict(_trace_steps(trace))
+    steps = {k: a for k, a, _ in _trace_steps(trace)}
+    names = {k: n for k, _, n in _trace_steps(trace)}
+    assert names["GetSBlock"] == ["root", "main"] and names["Annotate"] == ["meta_schedule.vectorize"]
     assert 64.0 in steps["Annotate"]
     assert steps["Split"][:3] == [64.0, 1.0, 0.0]
     assert steps["SamplePerfectTile"] == [4.0, 64.0, 2.0, 4.0, 8.0, 1.0]

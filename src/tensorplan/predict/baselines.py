@@ -264,12 +264,14 @@ class TenSetMLP(_TorchRegressor):
 
 
 # --------------------------------------------------------------------------------------------
-def _trace_steps(trace: Any) -> list[tuple[str, list[float]]]:
-    """Meta-schedule trace JSON -> [(instruction kind, numeric args)], decisions appended to args.
+def _trace_steps(trace: Any) -> list[tuple[str, list[float], list[str]]]:
+    """Meta-schedule trace JSON -> [(instruction kind, numeric args, name attributes)].
 
     `Trace.as_json()` is `[insts, decisions]`, insts `[kind, inputs, attrs, outputs]`, decisions
-    `[[inst_index, value], ...]`. String arguments (block/loop names, annotation keys) carry no
-    number and are dropped; nested lists are flattened.
+    `[[inst_index, value], ...]`. Numeric inputs, attributes and the decision become the args
+    (nested lists flattened); string *attributes* (block names such as 'conv2d_nchw', annotation
+    keys) are TLP's "character parameters"; string inputs are SSA references ('b0', 'l3') and
+    carry nothing, so they are dropped.
     """
     import json as _json
 
@@ -309,55 +311,82 @@ def _trace_steps(trace: Any) -> list[tuple[str, list[float]]]:
         if not isinstance(inst, (list, tuple)) or not inst:
             continue
         kind = str(inst[0])
+        attrs = inst[2] if len(inst) > 2 else []
         # numeric inputs (split factors, annotation values) then attributes; names are strings
-        args = nums(inst[2] if len(inst) > 2 else [], nums(inst[1] if len(inst) > 1 else [], []))
+        args = nums(attrs, nums(inst[1] if len(inst) > 1 else [], []))
         if i in decisions:
             nums(decisions[i], args)
-        steps.append((kind, args))
+        names = [a for a in attrs if isinstance(a, str)] if isinstance(attrs, (list, tuple)) else []
+        steps.append((kind, args, names))
     return steps
+
+
+def _name_bucket(name: str, buckets: int) -> int:
+    """Stable hash of a block / annotation name with its numeric suffixes removed ('T_add1' ~ 'T_add')."""
+    import re
+    import zlib
+    return zlib.crc32(re.sub(r"\d+", "", name).encode()) % buckets
 
 
 @register
 class TLPModel(_TorchRegressor):
-    """TLP (ASPLOS'23) over the schedule trace: [kind one-hot | slog args] per step, attention, sum."""
+    """TLP (ASPLOS'23) over the schedule trace: one row per instruction [kind one-hot | name
+    multi-hot | slog numeric args], a leading *task* row, self-attention, masked mean, decoder.
+
+    The task row carries the log2 sizes of the kernel's buffers (`tasks.task_io_vector`): TLP
+    reads Ansor steps, whose split steps state each loop's extent; a meta-schedule trace states
+    only the tile factors, and for an elementwise kernel not even those, so without the task row
+    two kernels of different sizes have the same trace. Widths are scaled to a CPU budget
+    (hidden 64 instead of 256): at 256 one epoch of 50k traces took ~200 s on this 2-core VM.
+    """
 
     name = "tlp"
 
-    def __init__(self, max_steps: int = 64, arg_width: int = 16, max_kinds: int = 32, lr: float = 7e-4,
-                 weight_decay: float = 1e-6, batch_size: int = 512, epochs: int = 60, grad_clip: float = 0.5,
-                 max_time_s: float | None = None, threads: int | None = None, seed: int = 0):
+    def __init__(self, max_steps: int = 96, arg_width: int = 16, max_kinds: int = 32, name_buckets: int = 32,
+                 hidden: int = 64, heads: int = 4, lr: float = 2e-3, weight_decay: float = 1e-6,
+                 batch_size: int = 128, epochs: int = 60, grad_clip: float = 0.5, max_time_s: float | None = None,
+                 threads: int | None = None, seed: int = 0):
         self.max_steps, self.arg_width, self.max_kinds = max_steps, arg_width, max_kinds
+        self.name_buckets, self.hidden, self.heads = name_buckets, hidden, heads
         self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
         self.grad_clip, self.max_time_s, self.threads, self.seed = grad_clip, max_time_s, threads, seed
         self.net = None
         self.vocab: dict[str, int] = {}
 
+    # row layout: [kind one-hot | task flag | name multi-hot | args]
     @property
     def fea(self) -> int:
-        return self.max_kinds + self.arg_width
+        return self.max_kinds + 1 + self.name_buckets + self.arg_width
 
     def _prepare(self, arr):
         if arr.trace is None:
             raise TensorplanError("tlp.fit: the records carry no schedule trace (column 'trace')")
         counts: dict[str, int] = {}
-        for t in arr.trace:
-            for k, _ in _trace_steps(t):
+        for t in set(arr.trace):
+            for k, _, _ in _trace_steps(t):
                 counts[k] = counts.get(k, 0) + 1
         kinds = sorted(counts, key=lambda k: (-counts[k], k))[: self.max_kinds - 1]  # last slot = other
         self.vocab = {k: i for i, k in enumerate(kinds)}
         self._cache = None
 
-    def _encode(self, trace) -> np.ndarray:
-        m = np.zeros((self.max_steps, self.fea), np.float32)
-        for s, (kind, args) in enumerate(_trace_steps(trace)[: self.max_steps]):
-            m[s, self.vocab.get(kind, self.max_kinds - 1)] = 1.0
-            a = np.asarray(args[: self.arg_width], np.float64)
-            m[s, self.max_kinds:self.max_kinds + len(a)] = np.sign(a) * np.log2(1 + np.abs(a))
-        return m
+    def _encode(self, trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Compact encoding of one trace: kind ids [S] (-1 = padding), two name buckets per step
+        [S, 2] (-1 = none) and slog args [S, arg_width]; `_inputs` expands it per batch."""
+        S, W = self.max_steps, self.arg_width
+        kinds = np.full(S, -1, np.int16)
+        names = np.full((S, 2), -1, np.int16)
+        args = np.zeros((S, W), np.float16)
+        for s, (kind, a, nm) in enumerate(_trace_steps(trace)[:S]):
+            kinds[s] = self.vocab.get(kind, self.max_kinds - 1)
+            for j, n in enumerate(nm[:2]):
+                names[s, j] = _name_bucket(n, self.name_buckets)
+            a = np.asarray(a[:W], np.float64)
+            args[s, :len(a)] = np.sign(a) * np.log2(1 + np.abs(a)) / 8.0
+        return kinds, names, args
 
-    def _encoded(self, arr: ProgramArrays) -> np.ndarray:
-        # one encoding per array (training and validation sets alternate every epoch; re-encoding
-        # 20k JSON traces per epoch made training crawl), one per distinct trace string
+    def _encoded(self, arr: ProgramArrays):
+        # one encoding per array (training and validation sets alternate every epoch) and one per
+        # distinct trace string: records share traces across devices
         cache = getattr(self, "_cache", None)
         if cache is None:
             cache = self._cache = {}
@@ -367,13 +396,19 @@ class TLPModel(_TorchRegressor):
         if arr.trace is None:
             raise TensorplanError("tlp: the records carry no schedule trace (column 'trace')")
         memo: dict = {}
-        rows = []
-        for t in arr.trace:
+        encs = []
+        uid = np.empty(len(arr), np.int64)
+        for i, t in enumerate(arr.trace):
             k = t if isinstance(t, str) else id(t)
             if k not in memo:
-                memo[k] = self._encode(t)
-            rows.append(memo[k])
-        enc = np.stack(rows) if rows else np.zeros((0, self.max_steps, self.fea), np.float32)
+                memo[k] = len(encs)
+                encs.append(self._encode(t))
+            uid[i] = memo[k]
+        S, W = self.max_steps, self.arg_width
+        enc = (uid,
+               np.stack([e[0] for e in encs]) if encs else np.zeros((0, S), np.int16),
+               np.stack([e[1] for e in encs]) if encs else np.zeros((0, S, 2), np.int16),
+               np.stack([e[2] for e in encs]) if encs else np.zeros((0, S, W), np.float16))
         if len(cache) >= 4:
             cache.clear()
         cache[id(arr)] = (arr, enc)
@@ -382,7 +417,31 @@ class TLPModel(_TorchRegressor):
     def _inputs(self, arr, idx):
         import torch
 
-        return torch.from_numpy(self._encoded(arr)[idx]), torch.from_numpy(arr.device[idx])
+        from .tasks import TASK_IO_DIM
+
+        uid, K, N, A = self._encoded(arr)
+        u = uid[idx]
+        k = K[u].astype(np.int64)
+        L = int((k >= 0).sum(1).max()) if len(idx) else 0   # trim the batch to its longest trace
+        k = k[:, :L]
+        B, S = len(idx), L + 1
+        c_flag = self.max_kinds
+        c_name = c_flag + 1
+        c_arg = c_name + self.name_buckets
+        x = np.zeros((B, S, self.fea), np.float32)
+        b, s = np.nonzero(k >= 0)
+        x[b, s + 1, k[b, s]] = 1.0
+        nm = N[u, :L].astype(np.int64)
+        for j in range(nm.shape[2]):
+            b, s = np.nonzero(nm[:, :, j] >= 0)
+            x[b, s + 1, c_name + nm[b, s, j]] = 1.0
+        x[:, 1:, c_arg:] = A[u, :L]
+        x[:, 0, c_flag] = 1.0                                    # the task row
+        if arr.task_io is not None:
+            n = min(TASK_IO_DIM, self.arg_width, arr.task_io.shape[1])
+            x[:, 0, c_arg:c_arg + n] = arr.task_io[idx, :n] / 8.0
+        valid = np.concatenate([np.ones((B, 1), bool), k >= 0], axis=1)
+        return torch.from_numpy(x), torch.from_numpy(valid), torch.from_numpy(arr.device[idx])
 
     def _extra_state(self):
         return {"vocab": self.vocab}
@@ -395,28 +454,26 @@ class TLPModel(_TorchRegressor):
         import torch
         from torch import nn
 
-        F, D = self.fea, self.dev_dim
+        F, D, H = self.fea, self.dev_dim, self.hidden
+        heads = self.heads
 
         class TLPNet(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.enc = nn.Sequential(nn.Linear(F, 64), nn.ReLU(), nn.Linear(64, 128), nn.ReLU(),
-                                         nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
-                self.dev = nn.Linear(D, 256)
-                self.att = nn.MultiheadAttention(256, 8, batch_first=True)
-                self.res = nn.ModuleList([nn.Linear(256, 256) for _ in range(2)])
-                self.dec = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                                         nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
+                self.enc = nn.Sequential(nn.Linear(F, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU())
+                self.dev = nn.Linear(D, H)
+                self.att = nn.MultiheadAttention(H, heads, batch_first=True)
+                self.res = nn.ModuleList([nn.Linear(H, H) for _ in range(2)])
+                self.dec = nn.Sequential(nn.Linear(H, H // 2), nn.ReLU(), nn.Linear(H // 2, 1))
 
-            def forward(self, x, dev):
-                valid = x.abs().sum(-1) > 0
-                valid[:, 0] = True  # never mask every key
+            def forward(self, x, valid, dev):
                 h = self.enc(x) + self.dev(dev).unsqueeze(1)
                 a, _ = self.att(h, h, h, key_padding_mask=~valid, need_weights=False)
                 h = h + a
                 for lin in self.res:
                     h = h + torch.relu(lin(h))
-                return (self.dec(h).squeeze(-1) * valid).sum(1)
+                v = valid.unsqueeze(-1).to(h.dtype)
+                return self.dec((h * v).sum(1) / v.sum(1)).squeeze(-1)
 
         return TLPNet()
 

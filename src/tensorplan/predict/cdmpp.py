@@ -83,6 +83,7 @@ class ProgramArrays:
     flops: np.ndarray | None = None  # [N] float64
     trace: list | None = None        # per program: schedule trace (JSON-able) or None
     record_id: np.ndarray | None = None
+    task_io: np.ndarray | None = None  # [N, TASK_IO_DIM] float32: log2 buffer sizes of the task
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -109,7 +110,8 @@ class ProgramArrays:
             latency_s=None if self.latency_s is None else self.latency_s[idx],
             flops=None if self.flops is None else self.flops[idx],
             trace=None if self.trace is None else [self.trace[i] for i in idx],
-            record_id=None if self.record_id is None else self.record_id[idx])
+            record_id=None if self.record_id is None else self.record_id[idx],
+            task_io=None if self.task_io is None else self.task_io[idx])
 
     def padded(self, idx: np.ndarray, max_leaves: int | None = None):
         """Gather programs `idx` into ([B,L,164] leaves, [B,L] positions, [B,L] valid mask)."""
@@ -146,7 +148,7 @@ class ProgramArrays:
             offsets=np.concatenate(offs), device=np.concatenate([p.device for p in parts]),
             device_name=np.concatenate([p.device_name for p in parts]),
             task_key=np.concatenate([p.task_key for p in parts]), latency_s=cat("latency_s"),
-            flops=cat("flops"), trace=traces, record_id=cat("record_id"))
+            flops=cat("flops"), trace=traces, record_id=cat("record_id"), task_io=cat("task_io"))
 
     @classmethod
     def from_programs(cls, leaves: Sequence[np.ndarray], positions: Sequence[np.ndarray],
@@ -196,6 +198,8 @@ def as_arrays(data: Any) -> ProgramArrays:
         trace=list(recs["trace"]) if "trace" in cols else None)
     if "record_id" in cols:
         arr.record_id = recs["record_id"].to_numpy()
+    if "task_io" in cols:
+        arr.task_io = np.asarray(list(recs["task_io"]), np.float32).reshape(len(recs), -1)
     try:
         object.__setattr__(data, "_tp_arrays", arr)
     except Exception:

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..errors import TensorplanError
+from .tasks import task_io_vector
 
 PROGRAM_KIND = "cdmpp_program"
 TASK_KIND = "cdmpp_task"
@@ -675,7 +676,8 @@ class Dataset:
     `records` columns: record_id, prog_idx, prog_key, task_key, task_name, networks (list of
     (network, call-site count)), device, device_key, latency_s (median of the repeats), mean_s,
     min_s, cov (std/mean of the repeats), mad_rel (median absolute deviation / median), repeats,
-    number (calls per repeat), flops (program float ops), n_leaves, trace (replayable JSON string).
+    number (calls per repeat), flops (program float ops), n_leaves, trace (replayable JSON string),
+    task_io (`tasks.task_io_vector`: log2 sizes of the task's output and inputs).
     `leaves[i]` / `positions[i]` are the [n_leaves, 164] float32 features and the CDMPP positions of
     record i, `preorders[i]` its compact-AST serialisation (node ids, -1 end markers); records of
     the same program share the arrays.
@@ -866,6 +868,8 @@ def load_dataset(path: str | Path | None = None) -> Dataset:
     rec["flops"] = flops[pi]
     rec["n_leaves"] = (off[1:] - off[:-1])[pi].astype(np.int32)
     rec["trace"] = prog["trace"].to_numpy()[pi]
+    io = {k: task_io_vector(sc) for k, sc in zip(tasks["task_key"], tasks["script"])}
+    rec["task_io"] = [io[k] for k in tk]
     rec["repeats"] = [list(x) for x in rec["repeats"]]
     # robust spread: median absolute deviation / median (insensitive to the rare repeat that another
     # process preempted, unlike the CoV = std/mean that CDMPP filters on)

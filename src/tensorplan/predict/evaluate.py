@@ -58,7 +58,8 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "cdmpp-nocmd": lambda: CDMPP(epochs=400, max_time_s=240 * t, cmd_alpha=0.0, seed=seed),
             "xgboost": lambda: TenSetXGB(seed=seed),
             "mlp": lambda: TenSetMLP(epochs=300, max_time_s=90 * t, seed=seed),
-            "tlp": lambda: TLPModel(epochs=200, max_time_s=90 * t, seed=seed),
+            # TLP gets CDMPP's budget: both are attention models, step-starved on a 2-core CPU
+            "tlp": lambda: TLPModel(epochs=200, max_time_s=240 * t, seed=seed),
             "roofline": lambda: RooflineLinear(),
         }
     if name not in table:

@@ -146,3 +146,39 @@ def task_from_script(key: str, name: str, script: str, networks: dict[str, int],
 
 def script_digest(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()[:16]
+
+
+#: Length of `task_io_vector`: output size, then up to this many - 1 input sizes.
+TASK_IO_DIM = 8
+_BUFFER_ARG = re.compile(r"T\.Buffer\(\(([^)]*(?:\([^)]*\)[^)]*)*)\),\s*\"(\w+)\"\)")
+_INT_DIM = re.compile(r"T\.int(?:32|64)\((\d+)\)")
+
+
+def buffer_shapes(script: str) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of each parameter of the task's `main`, read from its TVMScript signature.
+
+    Why text and not the parsed module: parsing 800 task scripts takes ~30 s, the signature ~1 ms.
+    """
+    start = script.find("def main(")
+    if start < 0:
+        raise TensorplanError("task script has no `def main(`")
+    end = script.find("):\n", start)
+    sig = script[start:end if end > 0 else len(script)]
+    out = []
+    for dims, dtype in _BUFFER_ARG.findall(sig):
+        txt = _INT_DIM.sub(r"\1", dims)
+        shape = tuple(int(d) for d in txt.replace(" ", "").split(",") if d.isdigit())
+        out.append((shape, dtype))
+    return out
+
+
+def task_io_vector(script: str) -> list[float]:
+    """log2 element counts of the task's output (last parameter) and of its inputs, largest first,
+    zero-padded to TASK_IO_DIM: the problem size a schedule trace alone does not state."""
+    import math
+    sizes = [math.prod(s) for s, _ in buffer_shapes(script)]
+    if not sizes:
+        return [0.0] * TASK_IO_DIM
+    vec = [math.log2(1 + sizes[-1])] + [math.log2(1 + n) for n in sorted(sizes[:-1], reverse=True)]
+    vec = vec[:TASK_IO_DIM]
+    return vec + [0.0] * (TASK_IO_DIM - len(vec))
