@@ -99,3 +99,26 @@ def test_tlp_encodes_each_trace_once(cdmpp_small, monkeypatch):
     TLPModel(epochs=3, batch_size=64).fit(tr, val=va)
     distinct = len(set(tr.trace)) + len(set(va.trace))
     assert len(calls) <= distinct
+
+
+def test_task_io_from_script_and_tlp_task_row(cdmpp_small):
+    """Same trace, different kernel sizes: only the task row tells TLP apart (elementwise traces)."""
+    from tensorplan.predict.tasks import TASK_IO_DIM, buffer_shapes, task_io_vector
+
+    ds = cdmpp_small["ds"]
+    script = ds.tasks["script"].iloc[0]
+    shapes = buffer_shapes(script)
+    assert len(shapes) >= 2 and all(isinstance(d, int) and d > 0 for s, _ in shapes for d in s)
+    vec = task_io_vector(script)
+    assert len(vec) == TASK_IO_DIM and vec[0] == pytest.approx(np.log2(1 + np.prod(shapes[-1][0])))
+    arr = as_arrays(ds)
+    assert arr.task_io is not None and arr.task_io.shape == (len(arr), TASK_IO_DIM)
+    two = arr.subset([0, 0])
+    two.task_io = two.task_io.copy()
+    two.task_io[1, 0] += 3.0                     # an 8x larger output, same trace
+    m = TLPModel(epochs=1, batch_size=16)
+    m.fit(as_arrays(cdmpp_small["train"]))
+    x, valid, _ = m._inputs(two, np.arange(2))
+    assert valid[:, 0].all() and bool((x[0, 1:] == x[1, 1:]).all()) and not bool((x[0, 0] == x[1, 0]).all())
+    with pytest.raises(TensorplanError, match="def main"):
+        buffer_shapes("no function here")
