@@ -18,13 +18,14 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/tensorplan demo $(MODEL)
+	$(BIN)/tensorplan demo $(MODEL) --report reports/$(MODEL).html
 
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
+# every benchmark behind docs/results.md (hours); BENCH_ARGS="--only korch" or "--list"
 bench: setup
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .tensorplan-cache

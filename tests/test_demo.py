@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
+
 from typer.testing import CliRunner
 
 from tensorplan.cli import app
@@ -20,13 +23,27 @@ def test_demo_plan_runs_and_agrees(tmp_path, monkeypatch):
     p = rep.plan
     assert p["agree"] and p["kernels"] >= 1 and p["solver"] == "optimal"
     assert p["plan_median_ms"] > 0 and p["speedup_vs_ort"] == p["ort_median_ms"] / p["plan_median_ms"]
+    # the data behind the report: every kernel, every interleaved round
+    assert len(p["kernel_list"]) == p["kernels"] and all(k["predicted_us"] > 0 for k in p["kernel_list"])
+    assert sum(k["primitives"] for k in p["kernel_list"]) >= p["primitives"]
+    assert len(p["rounds_ms"]["tensorplan"]) == len(p["rounds_ms"]["onnxruntime"]) >= 5
+    assert np.median(p["rounds_ms"]["tensorplan"]) == pytest.approx(p["plan_median_ms"])
+    from tensorplan.workflows.report import write_demo_report
+    html = write_demo_report(rep, tmp_path / "r" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3          # rounds, per-op, kernels
+    for k in p["kernel_list"]:
+        assert f"<td>{k['id']}</td>" in html
+    assert f"{p['speedup_vs_ort']:.2f}×" in html and "DISAGREE" not in html
 
 
-def test_demo_cli_json_without_orchestration():
-    res = CliRunner().invoke(app, ["demo", "tiny-cnn", "--no-orchestrate", "--json"])
+def test_demo_cli_json_without_orchestration(tmp_path):
+    res = CliRunner().invoke(app, ["demo", "tiny-cnn", "--no-orchestrate", "--json",
+                                   "--report", str(tmp_path / "tiny.html")])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout[res.stdout.index("{"):])
     assert d["agree"] is True and d["plan"] is None and d["device"]["kind"] == "cpu"
+    html = (tmp_path / "tiny.html").read_text()
+    assert "Where ONNX Runtime spends its time" in html and "Plan vs ONNX Runtime" not in html
 
 
 def test_interleaved_medians_orders_fast_and_slow_work():

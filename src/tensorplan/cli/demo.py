@@ -16,6 +16,8 @@ def register(app: typer.Typer) -> None:
              orchestrate: bool = typer.Option(True, help="Also plan fused kernels (Korch, measured "
                                               "costs cached in the store), run the plan and race it "
                                               "against ONNX Runtime."),
+             report: str = typer.Option(None, "--report", help="Also write a self-contained HTML report "
+                                        "(charts of the interleaved rounds, per-operator time, the plan's kernels)."),
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
         """Import MODEL, check the reference executor against ONNX Runtime, show the device and
         per-operator timings, then orchestrate fused kernels and race the plan against ONNX Runtime."""
@@ -25,6 +27,9 @@ def register(app: typer.Typer) -> None:
         rep = run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
                        progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"))
         ok_all = rep.agree and (rep.plan is None or rep.plan["agree"])
+        if report:
+            from ..workflows.report import write_demo_report
+            con.print(f"[dim]report: {write_demo_report(rep, report)}[/]")
         if as_json:
             print(json.dumps(rep.to_dict(), indent=2, default=str))
             raise typer.Exit(0 if ok_all else 1)

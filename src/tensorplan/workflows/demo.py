@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -173,10 +173,21 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
                                        "tensorplan": ex.run_bound})
     err = max(rel_error(outs[o], ref[o]) for o in prim.outputs if o in ref)
     t_ort, t_plan = timings["onnxruntime"], timings["tensorplan"]
+    op_of = {n.name: n.op for n in prim.nodes}
+    kernel_list = []
+    for s in ex.slots:
+        ops = Counter(op_of.get(n, "?") for n in s.kernel.nodes)
+        kernel_list.append({"id": s.kernel.id, "backend": s.backend, "kind": s.kernel.kind,
+                            "primitives": len(s.kernel.nodes), "predicted_us": s.kernel.predicted_s * 1e6,
+                            "ops": ", ".join(f"{o}×{c}" if c > 1 else o for o, c in ops.most_common(4))
+                            + (" …" if len(ops) > 4 else "")})
     return {"kernels": len(plan.kernels), "primitives": plan.source.get("num_primitives"),
             "solver": plan.solver.get("status"), "predicted_ms": plan.predicted_s * 1e3,
             "optimise_s": plan.timing.get("total_s"), "backends": ex.backend_counts(),
             "plan_median_ms": t_plan.median_s * 1e3, "plan_cov": t_plan.cov,
             "ort_median_ms": t_ort.median_s * 1e3, "ort_cov": t_ort.cov,
             "speedup_vs_ort": t_ort.median_s / t_plan.median_s,
-            "max_rel_error": err, "agree": err <= 1e-4}
+            "max_rel_error": err, "agree": err <= 1e-4,
+            "rounds_ms": {n: [v * 1e3 for v in t.repeats] for n, t in timings.items()},
+            "rewrites": dict(Counter(r for r, _ in plan.source.get("rewrites", []))),
+            "kernel_list": kernel_list}

@@ -1,0 +1,78 @@
+"""Run the benchmarks behind docs/results.md, then re-render it (`make bench`).
+
+Each step is the exact command the docs quote; results land in bench/results/ and
+`bench/summarize.py` turns them into docs/results.md. The full set takes hours on the 2-core
+VM (korch_bench ~1-2 h, the CDMPP evaluation ~50 min), so `--only` / `--skip` pick steps and
+`--list` shows them. Steps run one after another: timings taken side by side on a 2-core
+machine would measure each other.
+
+Usage: python bench/run_all.py [--list] [--only NAME,...] [--skip NAME,...] [--keep-going]
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+TP = str(Path(PY).with_name("tensorplan"))
+
+#: (name, command, rough minutes on the 2-core VM)
+STEPS: list[tuple[str, list[str], float]] = [
+    ("device", [PY, "bench/device_numbers.py", "--rounds", "5"], 3),
+    ("store", [PY, "bench/store_throughput.py"], 2),
+    ("import", [PY, "bench/import_check.py"], 3),
+    ("kernels", [PY, "bench/korch_kernels.py"], 5),
+    ("korch", [PY, "bench/korch_bench.py", "--results-dir", "bench/results/korch_rewrite"], 120),
+    ("standalone", [PY, "bench/korch_standalone.py", "--models",
+                    "candy,segformer-b0,efficientvit-b1,yolox-nano,yolov4,resnet-50,bert-base"], 15),
+    ("features", [PY, "bench/features_speed.py"], 2),
+    ("cdmpp-speed", [PY, "bench/cdmpp_speed.py", "--epochs", "6"], 3),
+    ("cdmpp-eval", [TP, "evaluate", "--holdout", "efficientvit-b1,tiny-mlp,mobilenet-v2", "--time-scale", "0.625",
+                    "--out", "bench/results/cdmpp_eval.json", "--doc", "docs/cdmpp.md"], 50),
+    ("codl-predictor", [PY, "bench/codl_predictor.py"], 5),
+    ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),
+    ("codl-simulate", [PY, "bench/codl_simulate.py", "--seeds", "3"], 5),
+    ("summarize", [PY, "bench/summarize.py"], 0.1),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="Show the steps and exit.")
+    ap.add_argument("--only", default="", help="Comma-separated step names to run (summarize always runs last).")
+    ap.add_argument("--skip", default="", help="Comma-separated step names to leave out.")
+    ap.add_argument("--keep-going", action="store_true", help="Run the remaining steps after a failure.")
+    a = ap.parse_args(argv)
+    names = [s[0] for s in STEPS]
+    only = [x for x in a.only.split(",") if x]
+    skip = [x for x in a.skip.split(",") if x]
+    bad = sorted(set(only + skip) - set(names))
+    if bad:
+        ap.error(f"unknown step(s) {bad}; steps: {', '.join(names)}")
+    steps = [s for s in STEPS if (not only or s[0] in only or s[0] == "summarize") and s[0] not in skip]
+    if a.list:
+        for name, cmd, minutes in STEPS:
+            print(f"{name:15s} ~{minutes:>5.1f} min  {' '.join(Path(c).name if c in (PY, TP) else c for c in cmd)}")
+        return 0
+    failed = []
+    for name, cmd, minutes in steps:
+        print(f"== {name} (~{minutes:.0f} min): {' '.join(cmd)}", flush=True)
+        t0 = time.time()
+        rc = subprocess.call(cmd, cwd=ROOT)
+        print(f"== {name}: exit {rc} after {(time.time() - t0) / 60:.1f} min", flush=True)
+        if rc != 0:
+            failed.append(name)
+            if not a.keep_going:
+                break
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

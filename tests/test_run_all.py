@@ -1,0 +1,28 @@
+"""`make bench` runs bench/run_all.py: every step it names must exist and be spelled as the docs quote."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_run_all_lists_existing_scripts():
+    out = subprocess.run([sys.executable, "bench/run_all.py", "--list"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) >= 10 and lines[-1].startswith("summarize")
+    for ln in lines:
+        for word in ln.split():
+            if word.startswith("bench/") and word.endswith(".py"):
+                assert (ROOT / word).exists(), ln
+    docs = (ROOT / "docs" / "results.md").read_text()
+    assert "python bench/korch_bench.py --results-dir bench/results/korch_rewrite" in out
+    assert "bench/korch_bench.py --results-dir bench/results/korch_rewrite" in docs
+
+
+def test_run_all_rejects_unknown_steps():
+    r = subprocess.run([sys.executable, "bench/run_all.py", "--only", "nope"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "unknown step" in r.stderr
