@@ -337,7 +337,7 @@ class TLPModel(_TorchRegressor):
     reads Ansor steps, whose split steps state each loop's extent; a meta-schedule trace states
     only the tile factors, and for an elementwise kernel not even those, so without the task row
     two kernels of different sizes have the same trace. Widths are scaled to a CPU budget
-    (hidden 64 instead of 256): at 256 one epoch of 50k traces took ~200 s on this 2-core VM.
+    (hidden 64 instead of 256): at 256 it made too few steps in the evaluation's budget.
     """
 
     name = "tlp"
