@@ -33,13 +33,13 @@ def main(holdout: str = typer.Option("efficientvit-b1,tiny-mlp,mobilenet-v2", "-
     import xgboost as xgb
 
     from tensorplan.predict.baselines import TenSetXGB, summed_features
+    from tensorplan.predict.cdmpp import as_arrays
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.evaluate import network_split
 
     ds = load_dataset().filter_stable(0.01, metric="mad")
     splits = {"network": network_split(ds, holdout.split(","), seed=seed)}
     tr_ds, te_ds = ds.split("sample")
-    from tensorplan.predict.cdmpp import as_arrays
     splits["sample"] = (as_arrays(tr_ds), None, as_arrays(te_ds))
     params = TenSetXGB(seed=seed)._params()
     res: dict = {"command": "python bench/cdmpp_task_io.py", "holdout": holdout, "splits": {},
