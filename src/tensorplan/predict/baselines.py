@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import TensorplanError
 from .cdmpp import (LEAF_DIM, Estimator, FeatureScaler, ProgramArrays, _labelled, as_arrays,
                     register, torch_threads)
+from .tasks import TASK_IO_DIM
 
 # Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; slot field 4 is
 # unique_bytes (after the 3-way acc_type one-hot and `bytes`). Values are slog-scaled.
@@ -416,8 +417,6 @@ class TLPModel(_TorchRegressor):
 
     def _inputs(self, arr, idx):
         import torch
-
-        from .tasks import TASK_IO_DIM
 
         uid, K, N, A = self._encoded(arr)
         u = uid[idx]

@@ -9,6 +9,7 @@ end-to-end latency (CDMPP §4.5, TVM `extract_tasks`' weight).
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +176,6 @@ def buffer_shapes(script: str) -> list[tuple[tuple[int, ...], str]]:
 def task_io_vector(script: str) -> list[float]:
     """log2 element counts of the task's output (last parameter) and of its inputs, largest first,
     zero-padded to TASK_IO_DIM: the problem size a schedule trace alone does not state."""
-    import math
     sizes = [math.prod(s) for s, _ in buffer_shapes(script)]
     if not sizes:
         return [0.0] * TASK_IO_DIM
