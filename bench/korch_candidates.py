@@ -8,7 +8,10 @@ greedy-fusion / no-fusion baselines. Roofline latencies are only a planning sign
 meaningful numbers here are the counts and the solver times.
 
     .venv/bin/python bench/korch_candidates.py [--models candy,bert-base] [--check] \
-        [-o bench/results/korch_candidates.json]
+        [-o bench/results/korch_candidates.json] [--fresh]
+
+Default: every zoo model. Resumable: models already in the output file (same name, opset and
+caps) are kept and skipped, so a killed run loses nothing; `--fresh` measures everything again.
 """
 from __future__ import annotations
 
@@ -21,8 +24,6 @@ from pathlib import Path
 
 from tensorplan.devices.detect import machine_info
 
-DEFAULT_MODELS = ["tiny-attention", "tiny-style", "candy", "mobilenet-v2", "resnet-50", "yolox-nano",
-                  "efficientvit-b1", "segformer-b0", "bert-base", "vit-b16", "yolov4"]
 
 
 def check_fission(name: str, opset: int, g, prim) -> float:
@@ -60,7 +61,8 @@ def run_model(name: str, opset: int, caps: list[int], check: bool, repeats: int,
     fr = fission(g)
     fission_s = time.perf_counter() - t0
     prim = fr.graph
-    rec = {"model": name, "opset": opset, "operators": len(g.nodes), "primitives": len(prim.nodes),
+    rec = {"model": name, "opset": opset, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "operators": len(g.nodes), "primitives": len(prim.nodes),
            "load_s": load_s, "fission_s": fission_s, "fission": fr.summary()}
     if check:
         rec["fission_max_rel_error_vs_ort"] = check_fission(name, opset, g, prim)
@@ -96,24 +98,41 @@ def run_model(name: str, opset: int, caps: list[int], check: bool, repeats: int,
     return rec
 
 
+def _default_models() -> str:
+    from tensorplan.graph import zoo
+    return ",".join(e.name for e in zoo.list_models())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--models", default=None, help="comma-separated zoo names[:opset] (default: every zoo model)")
     ap.add_argument("--opset", type=int, default=17)
     ap.add_argument("--caps", default="4,8,16")
     ap.add_argument("--repeats", type=int, default=3, help="BLP solves per configuration (median)")
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--check", action="store_true", help="also check fission numerics vs ONNX Runtime")
+    ap.add_argument("--fresh", action="store_true", help="ignore models already in the output file")
     ap.add_argument("-o", "--output", default="bench/results/korch_candidates.json")
     a = ap.parse_args()
+    caps = [int(c) for c in a.caps.split(",")]
+    out_path = Path(a.output)
+    kept = []
+    if out_path.exists() and not a.fresh:
+        kept = json.loads(out_path.read_text()).get("models", [])
     out = {"machine": machine_info(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "command": " ".join(sys.argv), "models": []}
-    for m in a.models.split(","):
+           "command": " ".join(sys.argv), "models": kept}
+    for m in (a.models or _default_models()).split(","):
         name, _, ops = m.partition(":")
-        out["models"].append(run_model(name, int(ops or a.opset), [int(c) for c in a.caps.split(",")],
-                                       a.check, a.repeats, a.time_limit))
-        Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.output).write_text(json.dumps(out, indent=1, default=str))
+        opset = int(ops or a.opset)
+        if any(r["model"] == name and r["opset"] == opset and sorted(map(int, r["caps"])) == caps for r in kept):
+            print(f"{name:16s} already measured in {out_path}, skipped", flush=True)
+            continue
+        out["models"] = [r for r in out["models"] if not (r["model"] == name and r["opset"] == opset)]
+        rec = run_model(name, opset, caps, a.check, a.repeats, a.time_limit)
+        rec["command"] = out["command"]
+        out["models"].append(rec)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(out, indent=1, default=str))
     print(f"wrote {a.output}")
 
 

@@ -24,8 +24,9 @@ TP = str(Path(PY).with_name("tensorplan"))
 STEPS: list[tuple[str, list[str], float]] = [
     ("device", [PY, "bench/device_numbers.py", "--rounds", "5"], 3),
     ("store", [PY, "bench/store_throughput.py"], 2),
-    ("import", [PY, "bench/import_check.py"], 3),
+    ("import", [PY, "bench/import_check.py"], 8),
     ("kernels", [PY, "bench/korch_kernels.py"], 5),
+    ("candidates", [PY, "bench/korch_candidates.py", "--check", "--fresh"], 55),
     ("korch", [PY, "bench/korch_bench.py", "--results-dir", "bench/results/korch_rewrite"], 120),
     ("standalone", [PY, "bench/korch_standalone.py", "--models",
                     "candy,segformer-b0,efficientvit-b1,yolox-nano,yolov4,resnet-50,bert-base"], 15),

@@ -49,8 +49,13 @@ def import_section() -> list[str]:
            f"`python bench/import_check.py`; relative error = {d['rel_error']}; tolerance {d['tolerance']}.", "",
            "| model | opset | nodes | import s (median) | max rel. error | pass |", "|---|---|---|---|---|---|"]
     for r in d["rows"]:
+        if r.get("error"):
+            out.append(f"| {r['model']} | {r['opset']} | – | – | – | NO: {r['error'][:120]} |")
+            continue
         out.append(f"| {r['model']} | {r['opset']} | {r['nodes']} | {r['import_s_median']:.3f} | "
                    f"{r['max_rel_error']:.1e} | {'yes' if r['passed'] else 'NO'} |")
+    ok = sum(bool(r.get("passed")) for r in d["rows"])
+    out += ["", f"{ok} of {len(d['rows'])} model × opset imports pass ({len({r['model'] for r in d['rows']})} models)."]
     return out + [""]
 
 
@@ -226,6 +231,57 @@ def standalone_section() -> list[str]:
     return out + ([""] if out else [])
 
 
+def planning_section() -> list[str]:
+    """Fission, candidate counts and BLP solve times on every zoo model (korch_candidates.json)."""
+    d = load("korch_candidates.json")
+    if not d:
+        return []
+    rows = d["models"]
+    caps = sorted({int(c) for r in rows for c in r["caps"]})
+    cap = 8 if 8 in caps else caps[0]
+    out = ["## Fission, candidate kernels and the BLP on every zoo model", "",
+           f"`python bench/korch_candidates.py --check` (resumable; one line per model, opset "
+           f"{rows[0]['opset']}). Fission error = max relative error of the primitive graph run by the reference "
+           f"executor vs ONNX Runtime on the original model (random inputs, fp32). Candidates at the default size cap "
+           f"of {cap} primitives (`orchestrate --max-nodes`); unique = distinct canonical hashes, i.e. measurements "
+           "needed. BLP costs are the roofline model's (`AnalyticalCost`), a planning signal only: the solve "
+           "times and counts are the point. `solve s` is the median of the repeated solves with the valid cuts "
+           "and dominance presolve; the other two columns drop one of them (same time limit, "
+           f"{rows[0]['caps'][str(cap)]['blp'].get('time_limit', 120):.0f} s).", "",
+           "| model | operators | primitives | opaque | fission error | regions | candidates (unique) "
+           "| enumerate s | BLP status | kernels | solve s | no cuts s | no presolve s | BLP / greedy | BLP / no fusion |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["caps"].get(str(cap))
+        if not c:
+            continue
+        e, b = c["enumeration"], c["blp"]
+        err = r.get("fission_max_rel_error_vs_ort")
+        opaque = ", ".join(sorted({str(o) for o in r["fission"].get("opaque", [])})) or "–"
+        nc = c["blp_no_cuts"]
+        nc_s = f"{nc['solve_s_median']:.2f}" + (f" ({nc['status']})" if nc["status"] != "optimal" else "")
+        npre = c.get("blp_no_presolve")
+        npre_s = (f"{npre['solve_s_median']:.2f}" + (f" ({npre['status']})" if npre["status"] != "optimal" else "")
+                  if npre else "–")
+        out.append(f"| {r['model']} | {r['operators']} | {r['primitives']} | {opaque} | "
+                   f"{'–' if err is None else f'{err:.1e}'} | {e['regions']} | {e['candidates']} ({e['unique_hashes']}) | "
+                   f"{e['seconds']:.2f} | {b['status']}, gap {b['mip_gap'] or 0:.0e} | {b['kernels']} | "
+                   f"{b['solve_s_median']:.2f} | {nc_s} | {npre_s} | "
+                   f"{1 / c['speedup_blp_vs_greedy_predicted']:.2f} | {1 / c['speedup_blp_vs_nofusion_predicted']:.2f} |")
+    errs = [r["fission_max_rel_error_vs_ort"] for r in rows if r.get("fission_max_rel_error_vs_ort") is not None]
+    if errs:
+        out += ["", f"Fission matches ONNX Runtime on {sum(e <= 1e-4 for e in errs)} of {len(errs)} models checked "
+                f"(worst {max(errs):.1e}, tolerance 1e-4); BLP / greedy and BLP / no fusion are predicted-latency "
+                "ratios (< 1: the BLP's plan is cheaper)."]
+    hit = [(r["model"], r["caps"][str(cap)]["blp"]) for r in rows
+           if str(cap) in r["caps"] and r["caps"][str(cap)]["blp"]["status"] != "optimal"]
+    if hit:
+        out += ["", "Hit the time limit with the cuts: " + ", ".join(
+            f"{m} (best plan found, MIP gap {b['mip_gap']:.0e})" for m, b in hit)
+            + "; the incumbent is verified and used, as for any solve."]
+    return out + [""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--korch-dir", default=str(RES / "korch_rewrite"))
@@ -236,7 +292,7 @@ def main() -> None:
              "command that produced its numbers. Machine: the 2-core AMD EPYC (Zen 5, AVX-512) development VM, "
              "shared and noisy — compare within a row, not across runs. CDMPP: [cdmpp.md](cdmpp.md); "
              "CoDL: [codl.md](codl.md).", ""]
-    for sec in (devices_section(), store_section(), import_section(), kernels_section(),
+    for sec in (devices_section(), store_section(), import_section(), kernels_section(), planning_section(),
                 korch_section(Path(a.korch_dir)), standalone_section()):
         lines += sec
     Path(a.out).write_text("\n".join(lines) + "\n")

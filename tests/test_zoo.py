@@ -225,3 +225,33 @@ def test_cli_list_and_export(tmp_path, monkeypatch):
     r = runner.invoke(app, ["zoo", "export", "tiny-style", "--opset", "11", "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert onnx.load(str(out)).opset_import[0].version == 11
+
+
+def test_fold_constants_settles_deep_shape_chains():
+    """Each Reshape whose target shape is computed from Shape/Gather/Concat (torch's opset-11
+    export) needs its own folding round; a 12-layer chain must still fold to static shapes
+    (MobileViT-S at opset 11 failed with a fixed number of rounds)."""
+    from onnx import TensorProto, helper
+
+    from tensorplan.graph.zoo._onnx import finalize
+
+    nodes, inits, x = [], [], "x"
+    w = np.eye(6, dtype=np.float32)
+    inits.append(onnx.numpy_helper.from_array(w, "w"))
+    inits.append(onnx.numpy_helper.from_array(np.array(1, np.int64), "one"))
+    inits.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus1"))
+    for i in range(12):
+        nodes += [helper.make_node("MatMul", [x, "w"], [f"m{i}"]),
+                  helper.make_node("Shape", [f"m{i}"], [f"s{i}"]),
+                  helper.make_node("Gather", [f"s{i}", "one"], [f"g{i}"], axis=0),
+                  helper.make_node("Unsqueeze", [f"g{i}"], [f"u{i}"], axes=[0]),
+                  helper.make_node("Concat", [f"u{i}", "minus1"], [f"c{i}"], axis=0),
+                  helper.make_node("Reshape", [f"m{i}", f"c{i}"], [f"r{i}"]),
+                  helper.make_node("Reshape", [f"r{i}", f"s{i}"], [f"y{i}"])]
+        x = f"y{i}"
+    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    out = finalize(model, "deep-chain", 11)
+    assert not {n.op_type for n in out.graph.node} & {"Shape", "Gather", "Unsqueeze", "Concat"}
+    assert [d.dim_value for d in out.graph.output[0].type.tensor_type.shape.dim] == [1, 4, 6]

@@ -101,8 +101,13 @@ def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opsets) ->
     return [np.asarray(r) for r in ReferenceEvaluator(m).run(None, feeds)]
 
 
-def fold_constants(model: onnx.ModelProto, max_rounds: int = 6) -> onnx.ModelProto:
-    """Fold constant subgraphs and Shape/Size of statically shaped values; drop Identity and dead nodes."""
+def fold_constants(model: onnx.ModelProto, max_rounds: int = 100) -> onnx.ModelProto:
+    """Fold constant subgraphs and Shape/Size of statically shaped values; drop Identity and dead nodes.
+
+    Repeats until nothing changes: shape inference stops at every Reshape whose target shape is
+    still computed, so a deep model exported with Shape/Gather/Concat chains (opset 11) needs a
+    round per such layer; `max_rounds` only guards against a loop that never settles.
+    """
     g = model.graph
     inits: dict[str, onnx.TensorProto] = {t.name: t for t in g.initializer}
     cache: dict[str, np.ndarray] = {}
