@@ -21,6 +21,35 @@ import time
 from pathlib import Path
 
 
+def pass_costs(mods: list, ref: list) -> dict:
+    """Per-pass lowering time (ms/program) and, per pass, on how many programs leaving it out changes
+    the compact AST: which passes the featuriser cannot drop to go faster."""
+    import numpy as np
+    import tvm
+    from tensorplan.predict import features as F
+    seq = F._pipeline(False)
+    names = [p.info.name for p in seq.passes] if hasattr(seq, "passes") else []
+    out = {}
+    cur = list(mods)
+    for i, p in enumerate(getattr(seq, "passes", [])):
+        t = time.perf_counter()
+        cur = [p(m) for m in cur]
+        ms = (time.perf_counter() - t) / len(mods) * 1e3
+        rest = tvm.ir.transform.Sequential([q for j, q in enumerate(seq.passes) if j != i])
+        changed = 0
+        for m, r in zip(mods, ref):
+            try:
+                got = F.compact_ast(rest(m)["main"], lowered=True)
+                same = (got.leaf_features.shape == r.leaf_features.shape
+                        and np.allclose(got.leaf_features, r.leaf_features, atol=1e-3)
+                        and np.array_equal(got.preorder, r.preorder))
+            except Exception:  # noqa: BLE001 - a pass the walk cannot do without
+                same = False
+            changed += not same
+        out[names[i]] = {"ms_per_program": ms, "programs_changed_without_it": changed}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None, help="dataset directory (default: committed data/cdmpp)")
@@ -37,7 +66,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     progs = ds.records.drop_duplicates("prog_idx")
     pick = rng.choice(len(progs), size=min(a.n, len(progs)), replace=False)
+    t = time.perf_counter()
     schs = [D.record_schedule(ds, int(progs.iloc[i]["record_id"])) for i in pick]
+    replay_ms = (time.perf_counter() - t) / len(schs) * 1e3
     mods = [s.mod for s in schs]
     n = len(mods)
     F.tvm_per_store_feature(schs[0])       # warm: TuneContext import
@@ -53,6 +84,7 @@ def main() -> None:
         t = time.perf_counter(); [F.tvm_per_store_feature(s) for s in schs]; res["tvm_pst"].append(n / (time.perf_counter() - t))
         leaves = [o.n_leaves for o in out]
     summary = {k: {"median_programs_per_s": statistics.median(v), "all": v} for k, v in res.items()}
+    passes = pass_costs(mods, [F.compact_ast(m) for m in mods])
 
     # cross-check against TVM's PerStoreFeature on the same real programs: our row of each buffer's
     # last non-constant store vs TVM's row for that buffer, and the summed ("pack-sum") vectors
@@ -74,6 +106,7 @@ def main() -> None:
         "bench": "features_speed", "programs": n, "rounds": a.rounds,
         "leaves_per_program_median": statistics.median(leaves) if leaves else 0,
         "results": summary, "crosscheck_vs_tvm_per_store_feature": xc,
+        "replay_ms_per_program": replay_ms, "lowering_passes": passes,
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "python": platform.python_version()},
         "created": time.time(),
@@ -84,6 +117,9 @@ def main() -> None:
         print(f"{k:8s} {v['median_programs_per_s']:8.1f} programs/s")
     print(f"cross-check vs TVM PerStoreFeature: rows match {xc['rows_match']}/{n}, sums match {xc['sum_match']}/{n}, "
           f"row-count mismatch {xc['shape_mismatch']}; per group exact: {xc['group_programs_exact']}")
+    print(f"schedule replay {replay_ms:.1f} ms/program; lowering passes (ms/program, programs whose AST "
+          f"changes without it): " + ", ".join(f"{k} {v['ms_per_program']:.2f} ({v['programs_changed_without_it']})"
+                                              for k, v in passes.items()))
     print(f"load average {os.getloadavg()}; wrote {a.out}")
 
 
