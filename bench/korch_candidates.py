@@ -11,7 +11,8 @@ meaningful numbers here are the counts and the solver times.
         [-o bench/results/korch_candidates.json] [--fresh]
 
 Default: every zoo model. Resumable: models already in the output file (same name, opset and
-caps) are kept and skipped, so a killed run loses nothing; `--fresh` measures everything again.
+caps) are kept and skipped, so a killed run loses nothing; `--fresh` measures the chosen models
+again (replacing their records, keeping the other models').
 """
 from __future__ import annotations
 
@@ -111,20 +112,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="BLP solves per configuration (median)")
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--check", action="store_true", help="also check fission numerics vs ONNX Runtime")
-    ap.add_argument("--fresh", action="store_true", help="ignore models already in the output file")
+    ap.add_argument("--fresh", action="store_true",
+                    help="measure the chosen models again even if the output file has them (others are kept)")
     ap.add_argument("-o", "--output", default="bench/results/korch_candidates.json")
     a = ap.parse_args()
     caps = [int(c) for c in a.caps.split(",")]
     out_path = Path(a.output)
-    kept = []
-    if out_path.exists() and not a.fresh:
-        kept = json.loads(out_path.read_text()).get("models", [])
+    kept = json.loads(out_path.read_text()).get("models", []) if out_path.exists() else []
     out = {"machine": machine_info(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "command": " ".join(sys.argv), "models": kept}
     for m in (a.models or _default_models()).split(","):
         name, _, ops = m.partition(":")
         opset = int(ops or a.opset)
-        if any(r["model"] == name and r["opset"] == opset and sorted(map(int, r["caps"])) == caps for r in kept):
+        if not a.fresh and any(r["model"] == name and r["opset"] == opset and sorted(map(int, r["caps"])) == caps
+                               for r in kept):
             print(f"{name:16s} already measured in {out_path}, skipped", flush=True)
             continue
         out["models"] = [r for r in out["models"] if not (r["model"] == name and r["opset"] == opset)]

@@ -236,7 +236,7 @@ def planning_section() -> list[str]:
     d = load("korch_candidates.json")
     if not d:
         return []
-    rows = d["models"]
+    rows = sorted(d["models"], key=lambda r: r["model"])
     caps = sorted({int(c) for r in rows for c in r["caps"]})
     cap = 8 if 8 in caps else caps[0]
     out = ["## Fission, candidate kernels and the BLP on every zoo model", "",

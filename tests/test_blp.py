@@ -184,3 +184,27 @@ def test_time_out_without_incumbent_falls_back_to_a_verified_greedy_plan(monkeyp
     assert feasible(prim, cands, [by_id[i] for i in sel.chosen])
     with pytest.raises(PlanError, match="without a solution"):
         blp.solve_blp(prim, cands, costs, time_limit=0.01, require_optimal=True)
+
+
+def test_time_out_keeps_greedy_when_it_beats_the_incumbent(monkeypatch):
+    """A timed-out BLP incumbent can be worse than greedy fusion (YOLOv4 at size cap 16 in
+    bench/korch_candidates.py); the solver must return the cheaper of the two, verified."""
+    import scipy.optimize
+    from scipy.optimize import OptimizeResult
+
+    import tensorplan.plan.blp as blp
+
+    prim = diamond()
+    cands = enumerate_candidates(prim, max_nodes=4)
+    costs = [1.0 + 0.1 * len(c.nodes) for c in cands]
+    # every candidate chosen: feasible (singletons produce everything) but far from optimal
+    monkeypatch.setattr(scipy.optimize, "milp", lambda c, **k: OptimizeResult(
+        x=np.ones(len(c)), status=1, message="Time limit reached", mip_gap=0.5, mip_dual_bound=0.0))
+    sel = blp.solve_blp(prim, cands, costs, time_limit=0.01)
+    gr = greedy_fusion(prim, cands, costs)
+    assert sel.status == "time_limit_greedy_better"
+    assert sel.objective_s == pytest.approx(gr.objective_s) and sel.objective_s < sum(costs)
+    assert "beat the BLP incumbent" in sel.options["fallback"]
+    check_selection(prim, cands, sel.chosen)
+    by_id = {c.id: k for k, c in enumerate(cands)}
+    assert feasible(prim, cands, [by_id[i] for i in sel.chosen])
