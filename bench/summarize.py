@@ -247,7 +247,8 @@ def planning_section() -> list[str]:
            "needed. BLP costs are the roofline model's (`AnalyticalCost`), a planning signal only: the solve "
            "times and counts are the point. `solve s` is the median of the repeated solves with the valid cuts "
            "and dominance presolve; the other two columns drop one of them (same time limit, "
-           f"{rows[0]['caps'][str(cap)]['blp'].get('time_limit', 120):.0f} s).", "",
+           f"{rows[0]['caps'][str(cap)]['blp'].get('time_limit', 120):.0f} s; the solver stops at a relative "
+           f"MIP gap of {rows[0]['caps'][str(cap)]['blp'].get('mip_rel_gap', 1e-6):g}).", "",
            "| model | operators | primitives | opaque | fission error | regions | candidates (unique) "
            "| enumerate s | BLP status | kernels | solve s | no cuts s | no presolve s | BLP / greedy | BLP / no fusion |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
