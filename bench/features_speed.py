@@ -28,10 +28,9 @@ def pass_costs(mods: list, ref: list) -> dict:
     import tvm
     from tensorplan.predict import features as F
     seq = F._pipeline(False)
-    names = [p.info.name for p in seq.passes] if hasattr(seq, "passes") else []
     out = {}
     cur = list(mods)
-    for i, p in enumerate(getattr(seq, "passes", [])):
+    for i, p in enumerate(seq.passes):
         t = time.perf_counter()
         cur = [p(m) for m in cur]
         ms = (time.perf_counter() - t) / len(mods) * 1e3
@@ -46,7 +45,7 @@ def pass_costs(mods: list, ref: list) -> dict:
             except Exception:  # noqa: BLE001 - a pass the walk cannot do without
                 same = False
             changed += not same
-        out[names[i]] = {"ms_per_program": ms, "programs_changed_without_it": changed}
+        out[p.info.name] = {"ms_per_program": ms, "programs_changed_without_it": changed}
     return out
 
 

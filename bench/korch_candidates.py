@@ -26,7 +26,6 @@ from pathlib import Path
 from tensorplan.devices.detect import machine_info
 
 
-
 def check_fission(name: str, opset: int, g, prim) -> float:
     import onnxruntime as ort
     from tensorplan.graph import zoo

@@ -278,8 +278,8 @@ def planning_section() -> list[str]:
            if str(cap) in r["caps"] and r["caps"][str(cap)]["blp"]["status"] != "optimal"]
     if hit:
         out += ["", "Hit the time limit with the cuts: " + ", ".join(
-            f"{m} (best plan found, MIP gap {b['mip_gap']:.0e})" for m, b in hit)
-            + "; the incumbent is verified and used, as for any solve."]
+            f"{m} ({b['status']}, MIP gap {b['mip_gap']:.0e})" for m, b in hit)
+            + "; the cheaper of the incumbent and greedy fusion is verified and used."]
     return out + [""]
 
 
