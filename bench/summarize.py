@@ -95,7 +95,8 @@ def korch_section(kdir: Path) -> list[str]:
     out = ["## Korch on this CPU (end to end)", "",
            f"`python bench/korch_bench.py --results-dir {kdir.resolve().relative_to(ROOT)}` — every system timed "
            "in one process, interleaved (random order each round"
-           + (f"; per round a ~{rows[0]['burst_ms']:.0f} ms back-to-back burst, its median kept"
+           + (f"; per round {'one untimed call, then ' if rows[0].get('untimed_lead_call') else ''}"
+              f"a ~{rows[0]['burst_ms']:.0f} ms back-to-back burst, its median kept"
               if rows[0].get("burst_ms") else "") + "), 2 threads, medians over rounds in ms. "
            "`vs best` = best baseline / tensorplan (>1 means the plan is faster). `no-rewrite` is the plan "
            "without the exact algebraic rewrites of `graph/rewrite.py` (raced like the plan); `no-regions` is "

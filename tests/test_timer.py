@@ -170,12 +170,12 @@ def test_interleaved_bursts_measure_steady_state_not_the_cold_first_call():
     from tensorplan.measure.timer import interleaved
 
     class ColdAfterPause:
-        """Slow (5 ms) on the first call after an idle gap, fast (0.5 ms) when called back to back."""
-        def __init__(self):
-            self.last = 0.0
+        """Slow (`cold` s) on the first call after an idle gap, fast (`warm` s) back to back."""
+        def __init__(self, cold=0.005, warm=0.0005):
+            self.last, self.cold, self.warm = 0.0, cold, warm
 
         def __call__(self):
-            time.sleep(0.005 if time.perf_counter() - self.last > 0.03 else 0.0005)
+            time.sleep(self.cold if time.perf_counter() - self.last > 0.03 else self.warm)
             self.last = time.perf_counter()
 
     cold = interleaved({"a": ColdAfterPause(), "b": lambda: time.sleep(0.001)}, rounds=3)
@@ -184,3 +184,6 @@ def test_interleaved_bursts_measure_steady_state_not_the_cold_first_call():
     steady = interleaved({"a": ColdAfterPause(), "b": lambda: time.sleep(0.001)}, rounds=3, burst_s=0.02)
     assert all(len(v) == 3 for v in steady.values())
     assert max(steady["a"]) < 0.003 and max(steady["a"]) < min(steady["b"]) * 3
+    # a system slower than the burst gets one timed call per round, and that one is warm too
+    big = interleaved({"slow": ColdAfterPause(cold=0.06, warm=0.025)}, rounds=3, burst_s=0.02)
+    assert max(big["slow"]) < 0.045

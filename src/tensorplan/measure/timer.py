@@ -248,9 +248,12 @@ def interleaved(runners: dict[str, Callable[[], Any]], rounds: int, pause_s: flo
 
     `burst_s` > 0 measures steady state instead of a cold call: in each round a system runs
     back to back for about `burst_s` seconds (at most `max_burst` calls, sized from its warm-up
-    call) and the round records the median of that burst. Why: after the pause a millisecond
-    model's first call pays for waking threads and refilling caches, so single calls swing by
-    tens of percent (CoV 0.4 for YOLOX-nano); bursts make small models comparable."""
+    call) after one untimed call, and the round records the median of that burst. Why: after the
+    pause a model's first call pays for waking threads and refilling caches, so single calls
+    swing by tens of percent (CoV 0.4 for YOLOX-nano); bursts make small models comparable. The
+    untimed call keeps models slower than the burst (one timed call) steady too: without it
+    candy's first call after the pause cost ONNX Runtime 19 % and torch.compile 4 %, which
+    measured the pause, not the systems."""
     import random
     import statistics
     rng = random.Random(seed)
@@ -267,6 +270,8 @@ def interleaved(runners: dict[str, Callable[[], Any]], rounds: int, pause_s: flo
         rng.shuffle(order)
         for n in order:
             time.sleep(pause_s)
+            if burst_s > 0:
+                runners[n]()  # untimed: wakes the thread pool, refills the caches
             ts = []
             for _ in range(reps[n]):
                 t0 = time.perf_counter()
