@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .ir import Graph, Node, Tensor, unique_name
+from .reference import run_node
 
 RULES = ("identity_resize", "split_concat_conv", "conv_before_resize", "upsample_conv_phases")
 
@@ -211,10 +212,14 @@ def _conv_before_resize(g: Graph, ed: _Editor, applied: list) -> bool:
     return False
 
 
+def _up2(v: np.ndarray) -> np.ndarray:
+    """Nearest x2 upsampling of an NCHW array (each pixel copied into a 2x2 block)."""
+    return v.repeat(2, axis=2).repeat(2, axis=3)
+
+
 def _is_nearest_up2(g: Graph, n: Node, probe: np.ndarray) -> bool:
     """True when `n` maps every output pixel (i, j) to source pixel (i//2, j//2), checked by
     running the node itself (reference executor) on `probe` (its real input shape)."""
-    from .reference import run_node
     if n.op not in ("Resize", "Upsample") or _s(n.attrs.get("mode"), "nearest") != "nearest":
         return False
     rest = [_const(g, i) if i else None for i in n.inputs[1:]]
@@ -224,25 +229,23 @@ def _is_nearest_up2(g: Graph, n: Node, probe: np.ndarray) -> bool:
         out = run_node(n, [probe, *rest])[0]
     except Exception:
         return False
-    want = probe.repeat(2, axis=2).repeat(2, axis=3)
+    want = _up2(probe)
     return out.shape == want.shape and np.array_equal(out, want)
 
 
 def _border_of_up2(g: Graph, pad: Node, x: np.ndarray) -> str | None:
     """'edge' or 'zero' when Pad `pad` applied to nearest_up2(x) equals nearest_up2 of x padded
     by one pixel (edge or zeros) cropped by one: i.e. a one-pixel spatial border."""
-    from .reference import run_node
     rest = [_const(g, i) if i else None for i in pad.inputs[1:]]
     if any(i and r is None for i, r in zip(pad.inputs[1:], rest)):
         return None
     try:
-        got = run_node(pad, [x.repeat(2, axis=2).repeat(2, axis=3), *rest])[0]
+        got = run_node(pad, [_up2(x), *rest])[0]
     except Exception:
         return None
     width = ((0, 0), (0, 0), (1, 1), (1, 1))
-    up2 = lambda v: v.repeat(2, axis=2).repeat(2, axis=3)  # noqa: E731
-    for kind, want in (("edge", up2(np.pad(x, width, mode="edge"))[:, :, 1:-1, 1:-1]),
-                       ("zero", np.pad(up2(x), width))):
+    for kind, want in (("edge", _up2(np.pad(x, width, mode="edge"))[:, :, 1:-1, 1:-1]),
+                       ("zero", np.pad(_up2(x), width))):
         if got.shape == want.shape and np.array_equal(got, want):
             return kind
     return None
