@@ -183,8 +183,8 @@ def bench_model(name: str, args, store) -> dict:
         without recomputation (near-equal predicted plans can differ by 20 % in a running plan).
         The winner is the plan with the fewest kernels among those within --race-margin of the
         fastest: every kernel boundary wakes a thread pool, which a short race in a quiet moment
-        undercounts (candy: a 10-kernel plan won its race by 5 % and then ran 8-17 % slower
-        than the one-session plan in fresh processes)."""
+        undercounts, and identical plans already differ by up to ~8 % between executors in one
+        run (docs/results.md, noise floor), so a smaller lead is not evidence."""
         blp = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}") if key == "tensorplan" else None,
                           **opts, **extra)
         plans[key] = blp

@@ -251,9 +251,8 @@ def interleaved(runners: dict[str, Callable[[], Any]], rounds: int, pause_s: flo
     call) after one untimed call, and the round records the median of that burst. Why: after the
     pause a model's first call pays for waking threads and refilling caches, so single calls
     swing by tens of percent (CoV 0.4 for YOLOX-nano); bursts make small models comparable. The
-    untimed call keeps models slower than the burst (one timed call) steady too: without it
-    candy's first call after the pause cost ONNX Runtime 19 % and torch.compile 4 %, which
-    measured the pause, not the systems."""
+    untimed call keeps models slower than the burst (one timed call) steady too, so every
+    model is timed the same way whatever its size."""
     import random
     import statistics
     rng = random.Random(seed)
