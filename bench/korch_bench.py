@@ -178,43 +178,16 @@ def bench_model(name: str, args, store) -> dict:
     res["linear_epilogue"] = args.epilogue
 
     def raced(key: str, **extra) -> dict | None:
-        """The BLP plan, raced end to end against the same BLP with kernel count first (1 s per
-        kernel, i.e. the fewest ORT sessions) and, when the BLP plan has several kernels, the BLP
-        without recomputation (near-equal predicted plans can differ by 20 % in a running plan).
-        The winner is the plan with the fewest kernels among those within --race-margin of the
-        fastest: every kernel boundary wakes a thread pool, which a short race in a quiet moment
-        undercounts, and identical plans already differ by up to ~8 % between executors in one
-        run (docs/results.md, noise floor), so a smaller lead is not evidence."""
-        blp = orchestrate(name, cost=cm, log=lambda m: log(f"  {m}") if key == "tensorplan" else None,
-                          **opts, **extra)
-        plans[key] = blp
-        if args.no_race:
-            return None
-        from tensorplan.runtime.executor import race_plans
-        t_race = time.perf_counter()
-        finalists = {"blp": blp}
-        fewest = orchestrate(name, cost=cm, **{**opts, **extra, "kernel_overhead_s": 1.0, "progress": False})
-        if len(fewest.kernels) != len(blp.kernels):
-            finalists["fewest-kernels"] = fewest
-        if len(blp.kernels) > 1 and extra.get("recompute", True):
-            norec = orchestrate(name, cost=cm, **{**opts, **extra, "recompute": False, "progress": False})
-            if len(norec.kernels) > 1 and norec.stats.get("recomputed_primitives") == 0 \
-                    and blp.stats.get("recomputed_primitives"):
-                finalists["blp-no-recompute"] = norec
-        if len(finalists) == 1:
-            return None
-        win, med = race_plans(finalists, blp.primitive_graph(), feeds, threads=args.threads,
-                              rounds=args.race_rounds, burst_s=args.burst_ms / 1e3)
-        fastest = win
-        near = [k for k, v in med.items() if v <= med[fastest] * (1 + args.race_margin)]
-        win = min(near, key=lambda k: (len(finalists[k].kernels), med[k]))
-        log(f"  race ({key}): {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in med.items())} -> {win}"
-            + (f" (fewer kernels, within {args.race_margin:.0%} of {fastest})" if win != fastest else ""))
-        plans[key] = finalists[win]
-        return {"median_ms": {k: v * 1e3 for k, v in med.items()}, "chosen": win, "fastest": fastest,
-                "margin": args.race_margin, "rounds": args.race_rounds,
-                "kernels": {k: len(p.kernels) for k, p in finalists.items()},
-                "seconds": time.perf_counter() - t_race}
+        """The plan as `tensorplan orchestrate` keeps it: the BLP's plan raced end to end against
+        its finalists (tensorplan.workflows.race: fewest kernels, no recomputation; the fewest
+        kernels within --race-margin of the fastest wins)."""
+        from tensorplan.workflows.race import orchestrate_raced
+        plan, race = orchestrate_raced(
+            name, cost=cm, log=(lambda m: log(f"  {m}")) if key == "tensorplan" else None,
+            race=not args.no_race, threads=args.threads, rounds=args.race_rounds, margin=args.race_margin,
+            burst_s=args.burst_ms / 1e3, feeds=feeds, **opts, **extra)
+        plans[key] = plan
+        return race.to_dict() if race else None
 
     t0 = time.perf_counter()
     race = raced("tensorplan")

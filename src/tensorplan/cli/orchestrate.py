@@ -40,20 +40,31 @@ def register(app: typer.Typer) -> None:
         rewrite: bool = typer.Option(True, "--rewrite/--no-rewrite",
                                      help="Apply exact algebraic rewrites first (1x1 convolutions moved "
                                           "before upsampling, identity resizes dropped)."),
+        race: bool = typer.Option(True, "--race/--no-race",
+                                  help="Run the BLP plan end to end against its alternatives (fewest kernels, "
+                                       "no recomputation), interleaved, and keep the winner."),
+        race_rounds: int = typer.Option(15, "--race-rounds", help="Interleaved rounds of the race."),
+        race_margin: float = typer.Option(0.10, "--race-margin",
+                                          help="A plan with more kernels must beat fewer-kernel finalists by "
+                                               "this fraction (identical plans land up to ~8%% apart)."),
+        threads: int = typer.Option(2, "--threads", help="Threads the race runs the plans with."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
     ) -> None:
-        """Fission, enumerate candidate kernels, cost them, solve the BLP, write a verified plan."""
+        """Fission, enumerate candidate kernels, cost them, solve the BLP, race the finalists end to
+        end, write a verified plan."""
         from ..graph.onnx_import import parse_input_shapes
-        from ..plan.orchestrate import orchestrate as run
+        from ..workflows.race import orchestrate_raced
 
         err = Console(stderr=True)
-        plan = run(model, input_shapes=parse_input_shapes(input_shape) or None, opset=opset, device=device,
-                   cost=cost, max_nodes=max_nodes, max_reduces=None if max_reduces < 0 else max_reduces,
-                   linear_epilogue=linear_epilogue, recompute=not no_recompute, cuts=not no_cuts,
-                   time_limit=time_limit, method=method, progress=not as_json,
-                   regions=None if regions else False, region_segments=region_segments,
-                   kernel_overhead_s=kernel_overhead, rewrite=rewrite,
-                   log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
+        plan, raced = orchestrate_raced(
+            model, input_shapes=parse_input_shapes(input_shape) or None, opset=opset, device=device,
+            cost=cost, max_nodes=max_nodes, max_reduces=None if max_reduces < 0 else max_reduces,
+            linear_epilogue=linear_epilogue, recompute=not no_recompute, cuts=not no_cuts,
+            time_limit=time_limit, method=method, progress=not as_json,
+            regions=None if regions else False, region_segments=region_segments,
+            kernel_overhead_s=kernel_overhead, rewrite=rewrite, race=race, rounds=race_rounds,
+            margin=race_margin, threads=threads,
+            log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
         if output is not None:
             plan.save(output)
         summ = plan.summary()
@@ -72,6 +83,9 @@ def register(app: typer.Typer) -> None:
                   f"{'-' if gap is None else f'{gap:.2e}'}, {sv.get('solve_s', 0):.2f}s, "
                   f"{sv.get('variables')} vars / {sv.get('constraints')} rows")
         t.add_row("recomputed primitives", str(summ["recomputed_primitives"]))
+        if raced is not None:
+            t.add_row("race", ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in raced.median_s.items())
+                      + f" -> kept {raced.chosen}")
         reg = plan.stats.get("ort_regions") or {}
         if reg.get("candidates"):
             t.add_row("ONNX Runtime regions", f"{reg.get('kernels_after_merge', 0)} kernels covering "

@@ -184,6 +184,7 @@ class Plan:
                 "opaque": self.source.get("opaque", []), "rewrites": self.source.get("rewrites", []),
                 "timing": self.timing,
                 "recomputed_primitives": self.stats.get("recomputed_primitives"),
+                "race": self.stats.get("race"),
                 "arena_bytes": sum(self.slots)}
 
 

@@ -156,10 +156,11 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
 
     from ..graph.reference import rel_error
     from ..measure.timer import pinned_threads
-    from ..plan.orchestrate import orchestrate
     from ..runtime.executor import PlanExecutor
+    from .race import orchestrate_raced
 
-    plan = orchestrate(model, opset=opset, cost="measured", progress=progress, log=log)
+    plan, _ = orchestrate_raced(model, opset=opset, cost="measured", threads=threads, progress=progress,
+                                log=log)
     prim = plan.primitive_graph()
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -190,4 +191,5 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
             "max_rel_error": err, "agree": err <= 1e-4,
             "rounds_ms": {n: [v * 1e3 for v in t.repeats] for n, t in timings.items()},
             "rewrites": dict(Counter(r for r, _ in plan.source.get("rewrites", []))),
+            "race": plan.stats.get("race"),
             "kernel_list": kernel_list}

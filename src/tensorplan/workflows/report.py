@@ -125,6 +125,14 @@ def demo_report_html(rep: "DemoReport") -> str:
                   f"primitives, backends {html.escape(str(p['backends']))}; solver {html.escape(str(p['solver']))}, "
                   f"optimised in {p['optimise_s'] or 0:.1f} s; predicted {p['predicted_ms']:.2f} ms "
                   f"(sum of kernels timed alone).</p>"]
+        if p.get("race"):
+            r = p["race"]
+            parts.append("<p>Finalists raced end to end before the plan was kept (medians of "
+                         f"{r['rounds']} interleaved rounds): " + html.escape(", ".join(
+                             f"{k} {v:.3f} ms ({r['kernels'][k]} kernels)" for k, v in r["median_ms"].items()))
+                         + f"; kept <b>{html.escape(r['chosen'])}</b>"
+                         + (f" (fewest kernels within {r['margin']:.0%} of {html.escape(r['fastest'])})"
+                            if r["chosen"] != r["fastest"] else "") + ".</p>")
         if p.get("rewrites"):
             parts.append(f"<p>Exact rewrites applied before fission: {html.escape(str(p['rewrites']))}.</p>")
         if p.get("rounds_ms"):

@@ -1,0 +1,104 @@
+"""Finalists' race: the BLP's plan is checked end to end against its nearest alternatives.
+
+Why: the BLP minimises a sum of *solo* kernel timings. Inside a running plan every kernel
+boundary costs more than solo timings show (thread pools waking, cold caches), so a plan that
+wins on paper can lose on the machine. Before a plan is kept, the BLP's plan, the plan with the
+fewest kernels (the BLP with 1 s per kernel: as few ONNX Runtime sessions as possible) and, when
+the BLP recomputes, the BLP without recomputation run interleaved on the same inputs. The winner
+is the plan with the fewest kernels among those within `margin` of the fastest: identical plans
+already land up to ~8 % apart between two executors in one run (docs/results.md, noise floor),
+so a smaller lead is not evidence that more kernel boundaries pay.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..plan.orchestrate import make_cost, orchestrate, resolve_device
+from ..plan.plan import Plan
+
+
+@dataclass
+class RaceResult:
+    """Medians (seconds) of the finalists, which one was kept and why."""
+
+    median_s: dict[str, float]
+    kernels: dict[str, int]
+    chosen: str
+    fastest: str
+    margin: float
+    rounds: int
+    threads: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["median_ms"] = {k: v * 1e3 for k, v in d.pop("median_s").items()}
+        return d
+
+
+def pick_finalist(median_s: dict[str, float], kernels: dict[str, int], margin: float) -> tuple[str, str]:
+    """(chosen, fastest): the fewest-kernel finalist among those within `margin` of the fastest."""
+    fastest = min(median_s, key=median_s.get)
+    near = [k for k, v in median_s.items() if v <= median_s[fastest] * (1 + margin)]
+    return min(near, key=lambda k: (kernels[k], median_s[k])), fastest
+
+
+def finalists(model: Any, plan: Plan, cost: Any, **opts) -> dict[str, Plan]:
+    """The BLP's `plan` and its alternatives made from the same costs (cached: no new profiling)."""
+    quiet = {**opts, "progress": False, "log": None}
+    out = {"blp": plan}
+    fewest = orchestrate(model, cost=cost, **{**quiet, "kernel_overhead_s": 1.0})
+    if len(fewest.kernels) != len(plan.kernels):
+        out["fewest-kernels"] = fewest
+    if len(plan.kernels) > 1 and opts.get("recompute", True) and plan.stats.get("recomputed_primitives"):
+        norec = orchestrate(model, cost=cost, **{**quiet, "recompute": False})
+        if len(norec.kernels) > 1 and norec.stats.get("recomputed_primitives") == 0:
+            out["blp-no-recompute"] = norec
+    return out
+
+
+def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin: float = 0.10,
+                      burst_s: float = 0.03, feeds: dict[str, np.ndarray] | None = None,
+                      race: bool = True, log: Callable[[str], None] | None = None,
+                      **opts) -> tuple[Plan, RaceResult | None]:
+    """`plan.orchestrate(model, **opts)`, then the finalists' race (module docstring).
+
+    Returns (kept plan, race result or None when there was only one finalist or `race` is
+    False). The kept plan records the race in `stats["race"]` and its time in `timing["race_s"]`.
+    `feeds` default to `graph.reference.random_feeds` of the plan's primitive graph."""
+    from ..runtime.executor import race_plans
+
+    cm = make_cost(opts.pop("cost", None), resolve_device(opts.get("device", "local")), opts.pop("store", None))
+    plan = orchestrate(model, cost=cm, log=log, **opts)
+    if not race:
+        return plan, None
+    t0 = time.perf_counter()
+    cands = finalists(model, plan, cm, **opts)
+    if len(cands) == 1:
+        return plan, None
+    prim = plan.primitive_graph()
+    if feeds is None:
+        from ..graph.reference import random_feeds
+        feeds = random_feeds(prim, seed=0)
+    _, med = race_plans(cands, prim, feeds, threads=threads, rounds=rounds, burst_s=burst_s)
+    n_kernels = {k: len(p.kernels) for k, p in cands.items()}
+    chosen, fastest = pick_finalist(med, n_kernels, margin)
+    result = RaceResult(median_s=med, kernels=n_kernels, chosen=chosen, fastest=fastest, margin=margin,
+                        rounds=rounds, threads=threads, seconds=time.perf_counter() - t0)
+    if log:
+        log(f"race: {', '.join(f'{k} {v * 1e3:.3f} ms ({n_kernels[k]} kernels)' for k, v in med.items())}"
+            f" -> {chosen}" + (f" (fewer kernels, within {margin:.0%} of {fastest})" if chosen != fastest else "")
+            + f" ({result.seconds:.1f}s)")
+    kept = cands[chosen]
+    kept.stats["race"] = result.to_dict()
+    # the optimisation time is the BLP's pipeline plus the race (finalists' solves included)
+    kept.timing = {**{k: v for k, v in plan.timing.items() if k != "total_s"}, "race_s": result.seconds,
+                   "total_s": plan.timing.get("total_s", 0.0) + result.seconds}
+    return kept, result
+
+
+__all__ = ["RaceResult", "finalists", "orchestrate_raced", "pick_finalist"]

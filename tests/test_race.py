@@ -1,0 +1,68 @@
+"""The finalists' race (workflows/race.py): what `tensorplan orchestrate` keeps is the plan that
+ran fastest end to end, preferring fewer kernels within the margin."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tensorplan.plan.plan import Plan
+from tensorplan.workflows.race import finalists, orchestrate_raced, pick_finalist
+
+
+@pytest.mark.parametrize("medians, kernels, margin, chosen, fastest", [
+    ({"blp": 1.00, "fewest-kernels": 1.05}, {"blp": 9, "fewest-kernels": 1}, 0.10, "fewest-kernels", "blp"),
+    ({"blp": 1.00, "fewest-kernels": 1.15}, {"blp": 9, "fewest-kernels": 1}, 0.10, "blp", "blp"),
+    ({"blp": 1.00, "fewest-kernels": 1.05}, {"blp": 9, "fewest-kernels": 1}, 0.0, "blp", "blp"),
+    ({"blp": 1.2, "fewest-kernels": 1.0, "blp-no-recompute": 1.05},
+     {"blp": 9, "fewest-kernels": 3, "blp-no-recompute": 2}, 0.10, "blp-no-recompute", "fewest-kernels"),
+])
+def test_pick_finalist_prefers_fewer_kernels_within_the_margin(medians, kernels, margin, chosen, fastest):
+    assert pick_finalist(medians, kernels, margin) == (chosen, fastest)
+
+
+def test_finalists_are_distinct_alternatives_from_the_same_costs():
+    from tensorplan.plan.orchestrate import make_cost, orchestrate, resolve_device
+    cm = make_cost("analytical", resolve_device("local"))
+    blp = orchestrate("tiny-attention", cost=cm)
+    cands = finalists("tiny-attention", blp, cm)
+    assert cands["blp"] is blp
+    assert blp.stats["recomputed_primitives"] > 0 and "blp-no-recompute" in cands
+    assert cands["blp-no-recompute"].stats["recomputed_primitives"] == 0
+    assert all(len(p.kernels) != len(blp.kernels) for k, p in cands.items() if k != "blp")
+    assert finalists("tiny-attention", blp, cm, recompute=False).keys() <= {"blp", "fewest-kernels"}
+
+
+def test_orchestrate_raced_keeps_a_measured_winner_that_runs_and_matches_onnxruntime(tmp_path):
+    from tensorplan.runtime.executor import run_plan
+    plan, race = orchestrate_raced("tiny-attention", cost="analytical", rounds=3, burst_s=0.0)
+    assert race is not None and set(race.median_s) >= {"blp", "blp-no-recompute"}
+    assert all(v > 0 for v in race.median_s.values())
+    assert race.chosen == pick_finalist(race.median_s, race.kernels, race.margin)[0]
+    assert len(plan.kernels) == race.kernels[race.chosen]
+    assert plan.timing["race_s"] > 0 and plan.timing["total_s"] >= plan.timing["race_s"]
+    loaded = Plan.load(plan.save(tmp_path / "p.json"))
+    assert loaded.stats["race"]["chosen"] == race.chosen
+    res = run_plan(loaded, repeats=3)
+    assert res.ok and res.kernels == len(plan.kernels) and not res.fallbacks
+
+
+def test_orchestrate_raced_without_race_is_the_blp_plan():
+    plan, race = orchestrate_raced("tiny-attention", cost="analytical", race=False)
+    assert race is None and "race" not in plan.stats and "race_s" not in plan.timing
+
+
+def test_cli_orchestrate_reports_the_race(tmp_path):
+    from typer.testing import CliRunner
+    from tensorplan.cli import app
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(app, ["orchestrate", "tiny-attention", "--cost", "analytical", "--race-rounds", "3",
+                                 "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    summ = json.loads(r.stdout)
+    assert summ["race"]["chosen"] in summ["race"]["median_ms"]
+    assert json.loads(out.read_text())["stats"]["race"] == summ["race"]
+    r = CliRunner().invoke(app, ["orchestrate", "tiny-attention", "--cost", "analytical", "--no-race", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["race"] is None
+    assert np.isfinite(summ["predicted_s"])
