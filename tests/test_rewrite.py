@@ -217,3 +217,64 @@ def test_phase_rewritten_plan_runs_on_compiled_kernels(tmp_path):
     assert [r for r, _ in plan.source["rewrites"]] == ["upsample_conv_phases"]
     res = run_plan(plan.save(tmp_path / "plan.json"), repeats=3)
     assert res.max_rel_err is not None and res.max_rel_err <= 1e-4
+
+
+def conv3x3_model(n=1, c=6, k=5, h=9, w=11, pads=(1, 1, 1, 1), bias=True, stride=1, group=1, kernel=3):
+    """One Conv (+ Relu) on an n x c x h x w map: the shapes of the Winograd rule's cases."""
+    rng = np.random.default_rng(2)
+    inits = {"w": rng.standard_normal((k, c // group, kernel, kernel)).astype(np.float32)}
+    ins = ["x", "w"]
+    if bias:
+        inits["b"] = rng.standard_normal(k).astype(np.float32)
+        ins.append("b")
+    nodes = [helper.make_node("Conv", ins, ["conv"], name="conv", pads=list(pads), kernel_shape=[kernel, kernel],
+                              strides=[stride, stride], group=group),
+             helper.make_node("Relu", ["conv"], ["y"], name="relu")]
+    g = helper.make_graph(nodes, "conv3x3", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, nm) for nm, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("kw", [
+    {},                                             # output 9x11: not whole 4x4 tiles, sliced back
+    {"h": 16, "w": 12, "bias": False},              # whole tiles, no Slice, no Add
+    {"pads": (0, 0, 0, 0), "h": 10, "w": 14},       # candy: the border comes from a Pad before
+    {"pads": (2, 0, 1, 1)},                         # asymmetric pads
+    {"n": 2},                                       # batch: GEMM over both images' tiles
+])
+def test_winograd_is_exact_on_named_convs(kw):
+    from tensorplan.graph.rewrite import WINOGRAD, winograd_convs
+    g = import_onnx(conv3x3_model(**kw))
+    assert [n.name for n in winograd_convs(g)] == ["conv"]
+    assert rewrite(g).applied == []                 # only on request
+    r = rewrite(g, winograd=["conv"])
+    assert r.applied == [(WINOGRAD, "conv")]
+    ops = [n.op for n in r.graph.nodes]
+    assert ops.count("MatMul") == 2 and ops.count("DepthToSpace") == 1
+    gemm = next(n for n in r.graph.nodes if n.op == "MatMul")
+    assert r.graph.tensors[gemm.inputs[0]].shape == (36, 5, 6)   # 36 transform points x K x C
+    _same_outputs(g, r.graph, _feeds(g), tol=1e-4)
+
+
+@pytest.mark.parametrize("kw", [{"stride": 2}, {"group": 2}, {"kernel": 5, "pads": (2, 2, 2, 2)},
+                                {"h": 4, "w": 4, "pads": (0, 0, 0, 0)}])  # output 2x2: less than a tile
+def test_winograd_refuses_convs_it_cannot_compute(kw):
+    from tensorplan.graph.rewrite import winograd_convs
+    g = import_onnx(conv3x3_model(**kw))
+    assert winograd_convs(g) == []
+    with pytest.raises(TensorplanError, match="not an eligible 3x3 convolution"):
+        rewrite(g, winograd=["conv"])
+
+
+def test_winograd_plan_records_the_convs_and_runs(tmp_path):
+    from tensorplan.plan import orchestrate
+    from tensorplan.runtime.executor import run_plan
+    path = tmp_path / "conv.onnx"
+    path.write_bytes(conv3x3_model(h=12, w=12).SerializeToString())
+    plan = orchestrate(str(path), cost="analytical", winograd=True)
+    assert plan.source["rewrites"] == [["conv3x3_winograd", "conv"]] and plan.options["winograd"]
+    res = run_plan(plan.save(tmp_path / "plan.json"), repeats=3)   # re-derives the graph, checks vs ORT
+    assert res.max_rel_err is not None and res.max_rel_err <= 1e-4

@@ -40,6 +40,10 @@ def register(app: typer.Typer) -> None:
         rewrite: bool = typer.Option(True, "--rewrite/--no-rewrite",
                                      help="Apply exact algebraic rewrites first (1x1 convolutions moved "
                                           "before upsampling, identity resizes dropped)."),
+        winograd: bool = typer.Option(False, "--winograd",
+                                      help="Also run every eligible 3x3 convolution as Winograd F(4x4,3x3) "
+                                           "(exact; off by default: it did not pay on the benchmark models, "
+                                           "bench/winograd_probe.py)."),
         race: bool = typer.Option(True, "--race/--no-race",
                                   help="Run the BLP plan end to end against its alternatives (fewest kernels, "
                                        "no recomputation), interleaved, and keep the winner."),
@@ -62,7 +66,7 @@ def register(app: typer.Typer) -> None:
             linear_epilogue=linear_epilogue, recompute=not no_recompute, cuts=not no_cuts,
             time_limit=time_limit, method=method, progress=not as_json,
             regions=None if regions else False, region_segments=region_segments,
-            kernel_overhead_s=kernel_overhead, rewrite=rewrite, race=race, rounds=race_rounds,
+            kernel_overhead_s=kernel_overhead, rewrite=rewrite, winograd=winograd, race=race, rounds=race_rounds,
             margin=race_margin, threads=threads,
             log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
         if output is not None:

@@ -69,7 +69,8 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
                 cuts: bool = True, time_limit: float = 60.0, method: str = "blp",
                 require_optimal: bool = False, store: Any = None, progress: bool = False,
                 regions: bool | None = None, region_segments: int = 8, kernel_overhead_s: float = 0.0,
-                rewrite: bool = True, log: Callable[[str], None] | None = None) -> Plan:
+                rewrite: bool = True, winograd: bool = False,
+                log: Callable[[str], None] | None = None) -> Plan:
     """Plan the kernels of `model` (ONNX path, zoo name or Graph) on `device`; returns a verified Plan.
 
     Options: `max_nodes`/`max_reduces` cap candidate size; `linear_epilogue` lets a linear
@@ -78,6 +79,9 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
     "none" (no fusion); `time_limit` bounds the solver (seconds). `regions` adds ONNX Runtime
     region candidates (runs of up to `region_segments` linear-operator segments of the original
     model, plan/regions.py); None = when the cost model can time them and `method` is "blp".
+    `winograd=True` also runs every eligible 3x3 convolution as Winograd F(4x4, 3x3)
+    (graph/rewrite.py; off by default: built from ONNX operators it did not pay on the benchmark
+    models, bench/winograd_probe.py).
     `kernel_overhead_s` is added to every candidate's cost in the objective (not to the kernels'
     predicted latencies): what a kernel boundary costs inside a running plan beyond the kernel's
     solo time (thread pools waking, caches), which solo timings cannot see.
@@ -95,9 +99,11 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
     say(f"loaded {spec_name}: {len(g.nodes)} operators ({timing['load_s']:.2f}s)")
     applied: list = []
     if rewrite:
-        from ..graph.rewrite import rewrite as rewrite_graph
+        from ..graph.rewrite import rewrite as rewrite_graph, winograd_convs
         t0 = time.perf_counter()
         rr = rewrite_graph(g)
+        if winograd:
+            rr = rewrite_graph(g, winograd=[n.name for n in winograd_convs(rr.graph)])
         g, applied = rr.graph, rr.applied
         timing["rewrite_s"] = time.perf_counter() - t0
         if applied:
@@ -187,7 +193,7 @@ def orchestrate(model: str | Path | Graph, *, input_shapes: dict[str, tuple[int,
                                "selected": sum(1 for i in sel.chosen if by_id[i].kind == "region"),
                                "kernels_after_merge": sum(1 for k in kernels if k.kind == "region"),
                                "primitives": sum(len(k.nodes) for k in kernels if k.kind == "region")}},
-        options={"rewrite": bool(rewrite), "regions": use_regions, "region_segments": region_segments, "kernel_overhead_s": kernel_overhead_s, "max_nodes": max_nodes,
+        options={"rewrite": bool(rewrite), "winograd": bool(winograd and rewrite), "regions": use_regions, "region_segments": region_segments, "kernel_overhead_s": kernel_overhead_s, "max_nodes": max_nodes,
                  "max_reduces": max_reduces, "linear_epilogue": linear_epilogue,
                  "recompute": recompute, "cuts": cuts, "time_limit": time_limit, "method": method,
                  "cost": getattr(cm, "name", type(cm).__name__)},

@@ -110,8 +110,8 @@ class Plan:
         g = load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
         if not src.get("rewrite"):
             return g
-        from ..graph.rewrite import rewrite
-        rr = rewrite(g)
+        from ..graph.rewrite import WINOGRAD, rewrite
+        rr = rewrite(g, winograd=[n for r, n in src.get("rewrites") or [] if r == WINOGRAD])
         if [list(x) for x in rr.applied] != [list(x) for x in src.get("rewrites") or []]:
             raise PlanError(f"plan for '{src['model']}' was made with rewrites {src.get('rewrites')}, but the model "
                             f"now gives {[list(x) for x in rr.applied]}; re-run `tensorplan orchestrate`")
