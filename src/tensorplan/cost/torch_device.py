@@ -1,0 +1,167 @@
+"""Kernel costs measured on a torch device: each candidate built by `program.torch_kernel`
+(Inductor-fused, cuDNN/cuBLAS for linear primitives) and timed where it will run.
+
+Why: this is Korch's profiler for a GPU. tensorplan's TVM runtime cannot launch CUDA kernels, so
+on a GPU the candidates come from PyTorch's compiler instead, and the BLP picks among them with
+their real latencies. On CUDA a candidate is timed as a CUDA graph of `graph_calls` back-to-back
+calls (GPU time per call, without Python's launch cost, which a plan run as one CUDA graph does
+not pay either). On a CPU device the foundation's timer times plain calls.
+
+Compilation is the slow part (Inductor takes ~0.3-3 s per kernel); `jobs > 1` first builds
+the candidates in worker processes, which fills Inductor's on-disk caches, so the timing process
+then mostly loads compiled kernels. Costs are kept per canonical hash for the object's life
+(greedy/no-fusion ablations and the race re-use them).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..errors import CompileError, UnsupportedOperatorError
+from ..graph.ir import Graph
+
+if TYPE_CHECKING:
+    from ..plan.candidates import Candidate
+
+
+def _inputs(prim: Graph, names, device) -> list:
+    from ..program.torch_kernel import _example
+    return [_example(prim, n, device) for n in names]
+
+
+def cuda_graph_timer(fn: Callable[[], Any], *, calls: int = 20, min_repeats: int = 5,
+                     budget_s: float = 0.05) -> float:
+    """Median GPU seconds per call of `fn`, captured `calls` times in one CUDA graph and replayed."""
+    import torch
+    from ..measure.timer import measure
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    t = measure(g.replay, warmup=2, min_repeats=min_repeats, max_repeats=200, budget_s=budget_s,
+                number=1, sync=torch.cuda.synchronize)
+    return t.median_s / calls
+
+
+def _warm_worker(args) -> int:
+    """Worker process: build (compile) kernels so Inductor's caches hold them; returns how many built."""
+    prim, cands, device = args
+    import torch  # noqa: F401
+    from ..program.torch_kernel import build_kernel
+    n = 0
+    for c in cands:
+        try:
+            k = build_kernel(prim, c.nodes, c.inputs, c.outputs, device=device, compile=True)
+            k(*_inputs(prim, c.inputs, device))
+            n += 1
+        except Exception:  # noqa: BLE001 - the timing pass reports the failure
+            pass
+    return n
+
+
+class TorchDeviceCost:
+    """`KernelCost` that compiles each candidate with PyTorch and times it on `device`."""
+
+    supports_regions = False  # ONNX Runtime regions are a CPU feature
+
+    def __init__(self, device: str = "cuda", *, compile: bool = True, graph_calls: int = 20,
+                 budget_s: float = 0.05, jobs: int = 1, log: Callable[[str], None] | None = None):
+        import torch
+        self.device = torch.device(device)
+        self.compile = bool(compile)
+        self.graph_calls = int(graph_calls)
+        self.budget_s = float(budget_s)
+        self.jobs = int(jobs)
+        self.name = "torch-inductor" if compile else "torch-eager"
+        self.cache: dict[str, float] = {}
+        self.errors: dict[str, str] = {}
+        self.compile_s = 0.0
+        self.time_s = 0.0
+        self.warm_s = 0.0
+        self._log = log or (lambda m: None)
+
+    # -- KernelCost -------------------------------------------------------------------------
+    def cost(self, prim: Graph, cand: "Candidate") -> float:
+        return self.cost_many(prim, [cand])[0]
+
+    def cost_many(self, prim: Graph, cands, progress: bool = False) -> list[float]:
+        todo = [c for c in cands if c.canonical_hash not in self.cache]
+        if self.jobs > 1 and self.compile and len(todo) > self.jobs:
+            self._warm(prim, todo)
+        bar = None
+        if progress and todo:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeRemainingColumn(), transient=True)
+            bar.start()
+            task = bar.add_task(f"timing {len(todo)} kernels on {self.device}", total=len(todo))
+        try:
+            for c in todo:
+                self.cache[c.canonical_hash] = self._time(prim, c)
+                if bar is not None:
+                    bar.advance(task)
+        finally:
+            if bar is not None:
+                bar.stop()
+        return [self.cache[c.canonical_hash] for c in cands]
+
+    def kernel_info(self, prim: Graph, cand: "Candidate") -> dict[str, Any]:
+        return {"backend": "torch-inductor" if self.compile else "torch",
+                "schedule": {"device": str(self.device)}}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "device": str(self.device), "graph_calls": self.graph_calls,
+                "kernels_timed": len(self.cache), "failed": len(self.errors),
+                "warm_s": round(self.warm_s, 3), "compile_s": round(self.compile_s, 3),
+                "time_s": round(self.time_s, 3)}
+
+    # -- internals --------------------------------------------------------------------------
+    def _warm(self, prim: Graph, todo) -> None:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        t0 = time.perf_counter()
+        # longest kernels first, dealt round-robin, so the workers finish together
+        order = sorted(todo, key=lambda c: -len(c.nodes))
+        chunks = [order[k::self.jobs] for k in range(self.jobs)]
+        with ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn")) as ex:
+            built = sum(ex.map(_warm_worker, [(prim, ch, str(self.device)) for ch in chunks]))
+        self.warm_s += time.perf_counter() - t0
+        self._log(f"warmed Inductor caches: {built}/{len(todo)} kernels in {self.warm_s:.1f}s "
+                  f"with {self.jobs} processes")
+
+    def _time(self, prim: Graph, c: "Candidate") -> float:
+        from ..program.torch_kernel import build_kernel
+        import torch
+        t0 = time.perf_counter()
+        try:
+            k = build_kernel(prim, c.nodes, c.inputs, c.outputs, device=self.device, compile=self.compile)
+            xs = _inputs(prim, c.inputs, self.device)
+            k(*xs)
+        except (CompileError, UnsupportedOperatorError) as e:
+            self.errors[c.canonical_hash] = str(e)[:300]
+            self.compile_s += time.perf_counter() - t0
+            if len(c.nodes) == 1:
+                raise  # a single primitive must always run (cost contract)
+            return math.inf
+        self.compile_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            if self.device.type == "cuda":
+                sec = cuda_graph_timer(lambda: k(*xs), calls=self.graph_calls, budget_s=self.budget_s)
+            else:
+                from ..measure.timer import measure
+                sec = measure(lambda: k(*xs), warmup=2, budget_s=self.budget_s, number=None).median_s
+        self.time_s += time.perf_counter() - t0
+        return max(float(sec), 1e-9)
+
+
+__all__ = ["TorchDeviceCost", "cuda_graph_timer"]

@@ -1,0 +1,103 @@
+"""Run a `Plan` on a torch device (a CUDA GPU), each kernel a PyTorch program (`program.torch_kernel`).
+
+Why: the TVM/ONNX Runtime executor (`runtime.executor`) is CPU-only here. On a GPU the plan's
+kernels are Inductor-fused programs and cuDNN/cuBLAS calls; the runner keeps every tensor on
+the device, frees each one after its last reader (the caching allocator reuses the memory), and
+can capture the whole plan once as a CUDA graph, so a run is one replay with no Python between
+kernels (what `torch.compile(mode="reduce-overhead")` does for the whole model).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlanError
+from ..graph.ir import Graph
+from ..plan.plan import Plan
+
+
+class TorchPlanRunner:
+    """Compiled kernels of one plan on `device`; `run(feeds)` or, after `bind(feeds)`, `replay()`."""
+
+    def __init__(self, plan: Plan, prim: Graph | None = None, *, device: str = "cuda", compile: bool = True,
+                 cuda_graph: bool = True):
+        import torch
+        from ..program.torch_kernel import build_kernel
+        self.torch = torch
+        self.plan = plan
+        self.prim = prim if prim is not None else plan.primitive_graph()
+        self.device = torch.device(device)
+        self.use_graph = bool(cuda_graph) and self.device.type == "cuda"
+        bad = [k.id for k in plan.kernels if k.kind == "region"]
+        if bad:
+            raise PlanError(f"plan kernels {bad} are ONNX Runtime regions, which run on the CPU only; "
+                            f"re-run orchestrate with a torch device cost (regions off)")
+        by_id = {k.id: k for k in plan.kernels}
+        self.order = [by_id[i] for i in plan.order]
+        t0 = time.perf_counter()
+        self.kernels = {k.id: build_kernel(self.prim, k.nodes, k.inputs, k.outputs, device=self.device,
+                                           compile=compile) for k in self.order}
+        self.build_s = time.perf_counter() - t0
+        last: dict[str, int] = {}
+        for j, k in enumerate(self.order):
+            for i in k.inputs:
+                last[i] = j
+        keep = set(self.prim.outputs)
+        self.free_after = [[i for i in k.inputs if last.get(i) == j and i not in keep]
+                           for j, k in enumerate(self.order)]
+        self._graph = None
+        self._static_in: dict[str, Any] = {}
+        self._static_out: dict[str, Any] = {}
+
+    def _execute(self, env: dict[str, Any]) -> dict[str, Any]:
+        for j, k in enumerate(self.order):
+            outs = self.kernels[k.id](*[env[i] for i in k.inputs])
+            for name, val in zip(k.outputs, outs):
+                env[name] = val
+            for i in self.free_after[j]:
+                env.pop(i, None)
+        return {o: env[o] for o in self.prim.outputs}
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """One run on device tensors (numpy arrays are moved to the device); returns device tensors."""
+        torch = self.torch
+        env = {i: torch.as_tensor(feeds[i]).to(self.device) for i in self.prim.inputs}
+        with torch.inference_mode():
+            return self._execute(env)
+
+    def bind(self, feeds: dict[str, Any]) -> None:
+        """Fix the inputs; with a CUDA graph, capture the whole plan once (after a warm-up run)."""
+        torch = self.torch
+        self._static_in = {i: torch.as_tensor(feeds[i]).to(self.device).clone() for i in self.prim.inputs}
+        with torch.inference_mode():
+            if not self.use_graph:
+                return
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    self._execute(dict(self._static_in))
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._static_out = self._execute(dict(self._static_in))
+            self._graph = g
+
+    def replay(self) -> dict[str, Any]:
+        """Run the bound inputs (a graph replay when captured); returns the output tensors."""
+        if self._graph is not None:
+            self._graph.replay()
+            return self._static_out
+        with self.torch.inference_mode():
+            return self._execute(dict(self._static_in))
+
+    def outputs_numpy(self, outs: dict[str, Any]) -> dict[str, np.ndarray]:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+        return {k: v.detach().float().cpu().numpy() if v.dtype.is_floating_point else v.cpu().numpy()
+                for k, v in outs.items()}
+
+
+__all__ = ["TorchPlanRunner"]
