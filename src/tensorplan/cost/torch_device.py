@@ -154,12 +154,24 @@ class TorchDeviceCost:
             return math.inf
         self.compile_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            if self.device.type == "cuda":
-                sec = cuda_graph_timer(lambda: k(*xs), calls=self.graph_calls, budget_s=self.budget_s)
-            else:
-                from ..measure.timer import measure
-                sec = measure(lambda: k(*xs), warmup=2, budget_s=self.budget_s, number=None).median_s
+        from ..measure.timer import measure
+        try:
+            with torch.inference_mode():
+                if self.device.type == "cuda":
+                    try:
+                        sec = cuda_graph_timer(lambda: k(*xs), calls=self.graph_calls, budget_s=self.budget_s)
+                    except RuntimeError as e:  # not capturable: time stream launches instead
+                        self.errors.setdefault(c.canonical_hash, f"CUDA graph capture: {str(e)[:200]}")
+                        torch.cuda.synchronize()
+                        sec = measure(lambda: k(*xs), warmup=2, budget_s=self.budget_s, number=None,
+                                      sync=torch.cuda.synchronize).median_s
+                else:
+                    sec = measure(lambda: k(*xs), warmup=2, budget_s=self.budget_s, number=None).median_s
+        except Exception as e:  # noqa: BLE001 - a kernel that fails at run time is not a candidate
+            self.errors[c.canonical_hash] = f"run: {type(e).__name__}: {str(e)[:300]}"
+            if len(c.nodes) == 1:
+                raise CompileError(f"single primitive {c.nodes[0]} fails on {self.device}: {e}") from e
+            return math.inf
         self.time_s += time.perf_counter() - t0
         return max(float(sec), 1e-9)
 

@@ -46,6 +46,16 @@ def supported_ops() -> set[str]:
     return set(_BUILDERS)
 
 
+def _dev(arr, dtype: str, device) -> Any:
+    """A constant tensor made outside the trace, so `make_fx` keeps it as a constant already on
+    `device` (made inside, it would be a host tensor copied at every run, which also breaks
+    CUDA-graph capture)."""
+    torch = _torch()
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    with disable_proxy_modes_tracing():
+        return torch.as_tensor(np.ascontiguousarray(arr, dtype=dtype), device=device)
+
+
 def _s(node: Node, name: str, default: Any = None) -> Any:
     v = node.attrs.get(name, default)
     return v.decode() if isinstance(v, bytes) else v
@@ -295,7 +305,7 @@ def _slice(node, consts):
             if step == 1:
                 v = v.narrow(a, idx.start if len(idx) else 0, len(idx))
             else:
-                v = v.index_select(a, _torch().tensor(list(idx), dtype=_torch().int64, device=v.device))
+                v = v.index_select(a, _dev(list(idx), "int64", v.device))
         return [v]
     return run
 
@@ -314,7 +324,7 @@ def _gather(node, consts):
             idx_np = np.where(ci < 0, ci + v.shape[a], ci)
             if idx_np.ndim == 0:
                 return [v.select(a, int(idx_np))]
-            idx = torch.as_tensor(idx_np.astype(np.int64), device=v.device)
+            idx = _dev(idx_np, "int64", v.device)
         else:
             idx = torch.where(idx < 0, idx + v.shape[a], idx)
         out = v.index_select(a, idx.reshape(-1))
@@ -378,7 +388,7 @@ def _pad(node, consts):
         for a, (b, e) in enumerate(width):  # reflect/edge/wrap: one gather per padded axis
             if b or e:
                 idx = np.pad(np.arange(v.shape[a]), (b, e), mode=np_mode)
-                v = v.index_select(a, torch.as_tensor(idx, dtype=torch.int64, device=v.device))
+                v = v.index_select(a, _dev(idx, "int64", v.device))
         return [v]
     return run
 
@@ -450,11 +460,11 @@ def _resize(node, consts):
                                          cubic_a, excl, None, 0.0)
             acc = None
             for tap in range(idx.shape[1]):
-                part = out.index_select(a, torch.as_tensor(idx[:, tap].astype(np.int64), device=v.device))
+                part = out.index_select(a, _dev(idx[:, tap], "int64", v.device))
                 if mode != "nearest":
                     wshape = [1] * r
                     wshape[a] = -1
-                    part = part * torch.as_tensor(w[:, tap].astype(np.float32), device=v.device).reshape(wshape)
+                    part = part * _dev(w[:, tap], "float32", v.device).reshape(wshape)
                 acc = part if acc is None else acc + part
             out = acc
         return [out]
@@ -567,6 +577,12 @@ def _gpool(node, consts):
 
 
 # ------------------------------------------------------------------------------- kernels
+# Kernels hand dense tensors to each other: Inductor must not pad the strides of what it
+# returns (on CUDA it pads rows for alignment by default, and the next kernel, compiled for
+# dense inputs, then rejects them).
+_INDUCTOR_OPTIONS = {"comprehensive_padding": False, "pad_outputs": False}
+
+
 @dataclass
 class TorchKernel:
     """One kernel: call with its input tensors (in `inputs` order), get its outputs (in `outputs` order)."""
@@ -645,7 +661,7 @@ def build_kernel(prim: Graph, node_names: Sequence[str], inputs: Sequence[str], 
     fn = gm
     if compile:
         try:
-            fn = torch._inductor.compile(gm, [_example(prim, i, device) for i in inputs])
+            fn = torch._inductor.compile(gm, [_example(prim, i, device) for i in inputs], options=_INDUCTOR_OPTIONS)
         except Exception as e:  # noqa: BLE001 - a kernel Inductor cannot build is not a candidate
             raise CompileError(f"kernel over {list(node_names)[:3]}...: Inductor failed: "
                                f"{type(e).__name__}: {str(e)[:300]}") from e
