@@ -202,6 +202,8 @@ def main(argv=None) -> int:
             continue
         try:
             models[name] = bench_model(name, args, doc["peaks"])
+            models[name]["machine"] = doc["machine"]  # a rerun may land on another machine of the kind
+            models[name]["peaks"] = doc["peaks"]
         except Exception as e:  # noqa: BLE001 - keep the other models' results
             import traceback
             traceback.print_exc()
