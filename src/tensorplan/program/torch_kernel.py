@@ -594,7 +594,10 @@ class TorchKernel:
     compiled: bool
 
     def __call__(self, *tensors):
-        return self.fn(*tensors)
+        outs = self.fn(*tensors)
+        if self.compiled:  # Inductor may hand back a strided view; the next kernel expects dense
+            return [o if o.is_contiguous() else o.contiguous() for o in outs]
+        return outs
 
 
 def _example(prim: Graph, name: str, device: Any):
