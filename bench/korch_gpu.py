@@ -170,6 +170,39 @@ def bench_model(name: str, args, peaks: dict) -> dict:
     return res
 
 
+def summarize(doc: dict) -> None:
+    """Geomean speedup over the best baseline per model, and each model's medians."""
+    import math
+    ok = {k: v for k, v in doc.get("models", {}).items() if "speedup_vs_best_baseline" in v}
+    if not ok:
+        return
+    sp = [v["speedup_vs_best_baseline"] for v in ok.values()]
+    doc["summary"] = {"geomean_speedup_vs_best_baseline": math.exp(sum(map(math.log, sp)) / len(sp)),
+                      "models": {k: {"speedup": v["speedup_vs_best_baseline"], "best": v["best_baseline"],
+                                     "vs_roofline": v["vs_roofline"], "median_ms": v["median_ms"],
+                                     "kernels": v["orchestrate"]["tensorplan"]["kernels"],
+                                     "gpu": v.get("machine", {}).get("gpu")}
+                                 for k, v in ok.items()}}
+
+
+def merge(out: Path, files: list[str]) -> int:
+    """Fold the models of other result files (e.g. fetched from a GPU machine) into `out`."""
+    doc = json.loads(out.read_text()) if out.exists() else {"models": {}}
+    for f in files:
+        other = json.loads(Path(f).read_text())
+        for name, res in other.get("models", {}).items():
+            if "median_ms" in res:
+                res.setdefault("machine", other.get("machine"))
+                res.setdefault("peaks", other.get("peaks"))
+                doc.setdefault("models", {})[name] = res
+        doc.setdefault("machine", other.get("machine"))
+        doc.setdefault("peaks", other.get("peaks"))
+    summarize(doc)
+    out.write_text(json.dumps(doc, indent=1, default=float))
+    print(json.dumps(doc.get("summary"), indent=1, default=float))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["candy", "efficientvit-b1"])
@@ -180,7 +213,11 @@ def main(argv=None) -> int:
                     help="processes that pre-compile candidates (Inductor caches)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "korch_gpu.json"))
     ap.add_argument("--force", action="store_true", help="redo models already in --out")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no measuring: fold these result files' models into --out and re-summarize")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(Path(args.out), args.merge)
     import torch
     if not torch.cuda.is_available():
         print("korch_gpu: no CUDA GPU here; this benchmark needs one (the CPU results are in korch_bench.py)")
@@ -209,16 +246,9 @@ def main(argv=None) -> int:
             traceback.print_exc()
             models[name] = {"model": name, "error": f"{type(e).__name__}: {str(e)[:500]}"}
         out.write_text(json.dumps(doc, indent=1, default=float))
-    ok = {k: v for k, v in models.items() if "speedup_vs_best_baseline" in v}
-    if ok:
-        sp = [v["speedup_vs_best_baseline"] for v in ok.values()]
-        import math
-        doc["summary"] = {"geomean_speedup_vs_best_baseline": math.exp(sum(map(math.log, sp)) / len(sp)),
-                          "models": {k: {"speedup": v["speedup_vs_best_baseline"], "best": v["best_baseline"],
-                                         "vs_roofline": v["vs_roofline"], "median_ms": v["median_ms"]}
-                                     for k, v in ok.items()}}
-        out.write_text(json.dumps(doc, indent=1, default=float))
-        print(json.dumps(doc["summary"], indent=1, default=float))
+    summarize(doc)
+    out.write_text(json.dumps(doc, indent=1, default=float))
+    print(json.dumps(doc.get("summary"), indent=1, default=float))
     return 0
 
 

@@ -102,3 +102,25 @@ def test_plan_on_cuda_as_one_graph_matches_onnxruntime():
     r.bind(feeds)
     out = r.outputs_numpy(r.replay())
     assert rel_error(out[r.prim.outputs[0]], _ort("tiny-style", feeds)[0]) <= 1e-4
+
+
+def test_cli_orchestrate_and_run_a_torch_plan(tmp_path):
+    """`orchestrate --cost torch` writes a plan of PyTorch kernels; `run` executes it through the
+    torch runner (not the TVM executor) and checks it against ONNX Runtime."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(app, ["orchestrate", "tiny-cnn", "--cost", "torch", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    summ = json.loads(r.output[r.output.index("{"):])
+    assert summ["race"] is None  # torch plans are not raced (one CUDA graph on a GPU)
+    from tensorplan.plan.plan import Plan
+    assert all(k.backend == "torch-inductor" for k in Plan.load(out).kernels)
+    r = CliRunner().invoke(app, ["run", str(out), "--json", "-n", "5"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index("{"):])
+    assert res["ok"] is True and res["backends"] == {"torch-inductor": summ["kernels"]}
+    assert res["median_s"] > 0

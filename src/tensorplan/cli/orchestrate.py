@@ -17,8 +17,11 @@ def register(app: typer.Typer) -> None:
         output: Path = typer.Option(None, "-o", "--output", help="Write the plan JSON here."),
         cost: str = typer.Option("measured", "--cost", help="Kernel cost model: measured (compile and "
                                  "time kernels on this machine; falls back to analytical if unavailable) "
-                                 "or analytical (roofline)."),
-        device: str = typer.Option("local", help="Device name: local, local-1t, local-2t or a catalog name."),
+                                 "or analytical (roofline), or torch (PyTorch-built kernels, Inductor-fused, timed on the "
+                                 "device: the default on a GPU device)."),
+        device: str = typer.Option("local", help="Device name: local, local-1t, local-2t, cuda (this machine's GPU: "
+                                                     "kernels built with PyTorch, the plan runs as one CUDA graph) "
+                                                     "or a catalog name."),
         input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=D1,D2,... (repeatable)."),
         opset: int = typer.Option(17, help="Opset of the zoo export (ONNX files keep theirs)."),
         max_nodes: int = typer.Option(8, "--max-nodes", help="Size cap of a fused kernel (primitives)."),

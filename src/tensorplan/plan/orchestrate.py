@@ -39,6 +39,10 @@ def resolve_device(device: Any):
 def make_cost(cost: Any, spec: Any, store: Any = None):
     """Turn the `cost` option into a KernelCost object (see module docstring)."""
     from ..cost import AnalyticalCost
+    if cost == "torch" or (cost in (None, "measured") and getattr(spec, "kind", "cpu") == "gpu"):
+        # a GPU: kernels are PyTorch programs (Inductor, cuDNN/cuBLAS) timed there; "torch" on a CPU
+        from ..cost.torch_device import TorchDeviceCost
+        return TorchDeviceCost("cuda" if getattr(spec, "kind", "cpu") == "gpu" else "cpu")
     if cost is None or cost == "measured":
         try:
             from ..cost.measured import MeasuredCost  # written by the kernels helper
@@ -50,7 +54,7 @@ def make_cost(cost: Any, spec: Any, store: Any = None):
     if cost == "analytical":
         return AnalyticalCost(spec)
     if isinstance(cost, str):
-        raise TensorplanError(f"unknown cost model '{cost}' (use measured or analytical)")
+        raise TensorplanError(f"unknown cost model '{cost}' (use measured, analytical or torch)")
     if not callable(getattr(cost, "cost", None)):
         raise TensorplanError(f"cost model {cost!r} has no cost(prim, cand) method")
     return cost

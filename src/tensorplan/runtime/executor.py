@@ -256,6 +256,10 @@ def run_plan(plan: str | Path | Plan | dict, feeds: dict[str, np.ndarray] | None
     from ..measure.timer import measure, pinned_threads
     p = _load_plan(plan)
     prim = prim if prim is not None else p.primitive_graph()
+    from .torch_runner import is_torch_plan, run_torch_plan
+    if is_torch_plan(p):  # kernels chosen on a torch device (a GPU): PyTorch-built, one CUDA graph
+        return run_torch_plan(p, prim, feeds if feeds is not None else random_feeds(prim, seed=0), check=check,
+                              repeats=repeats, budget_s=budget_s, tol=tol, threads=threads)
     with pinned_threads(threads):
         ex = PlanExecutor(p, prim, threads=threads, progress=progress)
         feeds = feeds if feeds is not None else random_feeds(prim, seed=0)

@@ -100,4 +100,46 @@ class TorchPlanRunner:
                 for k, v in outs.items()}
 
 
-__all__ = ["TorchPlanRunner"]
+def is_torch_plan(plan: Plan) -> bool:
+    """True when the plan's kernels were built for `TorchPlanRunner` (cost model on a torch device)."""
+    return bool(plan.kernels) and all(k.backend.startswith("torch") and "device" in k.schedule
+                                      for k in plan.kernels)
+
+
+def run_torch_plan(plan: Plan, prim: Graph, feeds: dict[str, np.ndarray], *, check: bool = True,
+                   repeats: int | None = None, budget_s: float = 2.0, tol: float = 1e-4, threads: int = 2):
+    """`runtime.executor.run_plan` for torch plans: build, bind (CUDA graph on a GPU), time, check vs ORT."""
+    import torch
+    from ..errors import TensorplanError
+    from ..graph.reference import rel_error
+    from ..measure.timer import measure
+    from .executor import RunResult, ort_reference
+    device = plan.kernels[0].schedule.get("device", "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TensorplanError(f"this plan's kernels were chosen for '{device}', and this machine has no CUDA "
+                              f"GPU; run it on a GPU machine or re-run orchestrate for this device")
+    compile_ = any(k.backend == "torch-inductor" for k in plan.kernels)
+    r = TorchPlanRunner(plan, prim, device=device, compile=compile_)
+    r.bind(feeds)
+    outs = r.outputs_numpy(r.replay())
+    sync = torch.cuda.synchronize if r.device.type == "cuda" else None
+    n = repeats or None
+    tm = measure(r.replay, warmup=2, min_repeats=n or 5, max_repeats=n or 500, budget_s=0.0 if n else budget_s,
+                 sync=sync)
+    errors: dict[str, float] = {}
+    max_err = ok = None
+    if check:
+        ref = ort_reference(plan, feeds, threads=threads)
+        errors = {o: float(rel_error(np.atleast_1d(outs[o]), np.atleast_1d(ref[o]))) for o in prim.outputs if o in ref}
+        max_err = max(errors.values()) if errors else None
+        ok = max_err is not None and max_err <= tol
+    backends: dict[str, int] = {}
+    for k in plan.kernels:
+        backends[k.backend] = backends.get(k.backend, 0) + 1
+    return RunResult(model=str(plan.source.get("model")), kernels=len(plan.kernels), median_s=tm.median_s,
+                     timing=tm.to_dict(), predicted_s=plan.predicted_s, max_rel_err=max_err, ok=ok,
+                     backends=backends, compile_s=r.build_s, arena_bytes=0,
+                     fallbacks=[], outputs=outs, kernel_sum_s=None, errors=errors)
+
+
+__all__ = ["TorchPlanRunner", "is_torch_plan", "run_torch_plan"]

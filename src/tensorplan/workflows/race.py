@@ -74,7 +74,7 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
 
     cm = make_cost(opts.pop("cost", None), resolve_device(opts.get("device", "local")), opts.pop("store", None))
     plan = orchestrate(model, cost=cm, log=log, **opts)
-    if not race:
+    if not race or not getattr(cm, "races", True):
         return plan, None
     t0 = time.perf_counter()
     cands = finalists(model, plan, cm, **opts)
