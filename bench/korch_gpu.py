@@ -11,7 +11,8 @@ graphs), plus the ablations greedy fusion and no fusion over the same kernels. E
 output is checked against ONNX Runtime (CPU) on the same inputs. TF32 is off for every system
 (fp32 results comparable to 1e-4). The roofline bound uses the GPU's fp32 peak and bandwidth
 measured in the same run. Results are written after each model, and a rerun skips models
-already in the file (`--force` redoes them). Needs a CUDA GPU; exits with a message otherwise.
+already in the file (`--force` redoes them). Needs a CUDA GPU; elsewhere it says so and skips.
+`--merge A.json B.json` folds result files fetched from GPU machines into --out (no GPU needed).
 """
 from __future__ import annotations
 
@@ -220,8 +221,8 @@ def main(argv=None) -> int:
         return merge(Path(args.out), args.merge)
     import torch
     if not torch.cuda.is_available():
-        print("korch_gpu: no CUDA GPU here; this benchmark needs one (the CPU results are in korch_bench.py)")
-        return 2
+        print("korch_gpu: skipped, no CUDA GPU here (the CPU results come from korch_bench.py)")
+        return 0
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")

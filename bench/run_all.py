@@ -30,6 +30,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("korch", [PY, "bench/korch_bench.py", "--results-dir", "bench/results/korch_rewrite"], 120),
     ("standalone", [PY, "bench/korch_standalone.py", "--models",
                     "candy,segformer-b0,efficientvit-b1,yolox-nano,yolov4,resnet-50,bert-base"], 15),
+    ("korch-gpu", [PY, "bench/korch_gpu.py", "--models", "candy", "efficientvit-b1", "yolox-nano"], 15),
     ("features", [PY, "bench/features_speed.py"], 2),
     ("cdmpp-speed", [PY, "bench/cdmpp_speed.py", "--epochs", "6"], 3),
     ("cdmpp-eval", [TP, "evaluate", "--holdout", "efficientvit-b1,tiny-mlp,mobilenet-v2", "--time-scale", "0.625",

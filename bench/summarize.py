@@ -338,6 +338,58 @@ def winograd_section() -> list[str]:
     return out
 
 
+def korch_gpu_section() -> list[str]:
+    """bench/korch_gpu.py: plans of PyTorch-built kernels on a CUDA GPU vs eager and torch.compile."""
+    d = load("korch_gpu.json")
+    if not d or not d.get("summary"):
+        return []
+    mach, pk = d["machine"], d["peaks"]
+    rows = [(k, d["models"][k]) for k in d["summary"]["models"]]
+    systems = ["tensorplan", "torch.compile-cudagraphs", "torch.compile", "pytorch", "greedy", "no-fusion",
+               "tensorplan (no CUDA graph)"]
+    out = ["## Korch on a GPU (PyTorch-built kernels)", "",
+           f"`python bench/korch_gpu.py --models candy efficientvit-b1 yolox-nano` on one {mach['gpu']} "
+           f"(driver {mach['driver']}, torch {mach['versions']['torch']}, Triton {mach['versions']['triton']}; "
+           f"{mach['nproc']} CPU cores), results of separate calls folded together with `--merge`, every model "
+           f"on the same machine. Each unique candidate kernel is built by `program.torch_kernel` (Inductor fuses a "
+           f"memory-bound candidate into one Triton kernel; linear primitives call cuDNN/cuBLAS) and timed as "
+           f"CUDA-graph replays; the BLP picks the kernels; the plan runs as one CUDA graph "
+           f"(`runtime.torch_runner`). Baselines on the same GPU, interleaved, median ms over rounds of "
+           f"~50 ms bursts; TF32 off everywhere; outputs checked against ONNX Runtime. Roofline: "
+           f"{pk['fp32_matmul_gflops'] / 1e3:.1f} TFLOP/s fp32 and {pk['copy_gbs']:.0f} GB/s, measured in the run.", "",
+           "| model | " + " | ".join(systems) + " | speedup vs best baseline | kernels (BLP / no fusion) | "
+           "predicted → measured ms | × roofline | max rel. error |",
+           "|---|" + "---:|" * (len(systems) + 5)]
+    for k, r in rows:
+        m = r["median_ms"]
+        o = r["orchestrate"]
+        errs = [v for v in r["max_rel_err_vs_ort"].values() if isinstance(v, float)]
+        out.append(f"| {k} | " + " | ".join(f"{m[s]:.3f}" if s in m else "-" for s in systems) +
+                   f" | {r['speedup_vs_best_baseline']:.2f}× ({r['best_baseline']}) | "
+                   f"{o['tensorplan']['kernels']} / {o['no-fusion']['kernels']} | "
+                   f"{o['tensorplan']['predicted_ms']:.3f} → {m['tensorplan']:.3f} | {r['vs_roofline']:.1f}× | "
+                   f"{max(errs):.1e} |")
+    t = {k: r["orchestrate"]["tensorplan"]["timing"] for k, r in rows}
+    cm = {k: r["cost_model"] for k, r in rows}
+    out += ["", f"Geomean speedup over the best baseline per model: "
+            f"{d['summary']['geomean_speedup_vs_best_baseline']:.2f}×. Optimisation time (s): " + "; ".join(
+                f"{k}: enumerate {t[k]['enumerate_s']:.1f}, profile {t[k]['profile_s']:.0f} "
+                f"({cm[k]['kernels_timed']} kernels, of which pre-compiling in parallel {cm[k]['warm_s']:.0f}), "
+                f"solve {t[k]['solve_s']:.1f}" for k in t) + ".",
+            "", f"The plan is faster than every baseline on {sum(r['speedup_vs_best_baseline'] > 1 for _, r in rows)} "
+            f"of {len(rows)} models; greedy fusion over the same measured kernels lands within "
+            f"{max(abs(r['median_ms']['greedy'] / r['median_ms']['tensorplan'] - 1) for _, r in rows) * 100:.1f} % of "
+            "the BLP here (why the margins differ per model was not profiled). Every system is far from the "
+            "roofline bound: these are small models at batch 1, and the plans have "
+            f"{min(r['orchestrate']['tensorplan']['kernels'] for _, r in rows)}-"
+            f"{max(r['orchestrate']['tensorplan']['kernels'] for _, r in rows)} kernels, each a launch of a few "
+            "microseconds even inside a CUDA graph. Without a CUDA graph the same plan is "
+            f"{min(r['median_ms']['tensorplan (no CUDA graph)'] / r['median_ms']['tensorplan'] for _, r in rows):.1f}-"
+            f"{max(r['median_ms']['tensorplan (no CUDA graph)'] / r['median_ms']['tensorplan'] for _, r in rows):.1f}× "
+            "slower (Python launches each kernel), which is why the runner captures one.", ""]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--korch-dir", default=str(RES / "korch_rewrite"))
@@ -349,7 +401,8 @@ def main() -> None:
              "shared and noisy — compare within a row, not across runs. CDMPP: [cdmpp.md](cdmpp.md); "
              "CoDL: [codl.md](codl.md).", ""]
     for sec in (devices_section(), store_section(), import_section(), kernels_section(), planning_section(),
-                korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), winograd_section()):
+                korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), winograd_section(),
+                korch_gpu_section()):
         lines += sec
     Path(a.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out}")
