@@ -172,7 +172,13 @@ def test_clip_and_nary():
                                 "ReduceSumSquare", "ReduceL2", "ReduceL1"])
 @pytest.mark.parametrize("axes,keep", [([-1], 1), ([1], 1), ([2, 3], 1), ([0, 2], 0), (None, 0)])
 def test_reduce(op, axes, keep):
-    x = f32(2, 6, 5, 16) * (0.3 if op == "ReduceProd" else 1.0) + (1.0 if op == "ReduceProd" else 0.0)
+    # data of its own per case (the module RNG's draw depends on which tests ran before in this
+    # worker), offset so that a full reduction is not a near-zero sum of mixed signs, whose
+    # relative error is ill-conditioned
+    import zlib
+    rng = np.random.default_rng(zlib.crc32(f"{op}{axes}{keep}".encode()))
+    x = rng.standard_normal((2, 6, 5, 16)).astype(np.float32)
+    x = x * 0.3 + 1.0 if op == "ReduceProd" else (x + 0.5 if axes is None else x)
     attrs = {"keepdims": keep}
     ins, consts = ["x"], {}
     if axes is not None:
