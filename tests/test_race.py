@@ -66,3 +66,21 @@ def test_cli_orchestrate_reports_the_race(tmp_path):
     r = CliRunner().invoke(app, ["orchestrate", "tiny-attention", "--cost", "analytical", "--no-race", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["race"] is None
     assert np.isfinite(summ["predicted_s"])
+
+
+def test_inductor_whole_graph_finalist_runs_and_matches_ort(tmp_path):
+    """The whole rewritten graph as one Inductor program: a verified one-kernel plan that
+    `run_plan` executes through the torch runner, joined to the race as 'inductor'."""
+    from tensorplan.plan.orchestrate import orchestrate
+    from tensorplan.runtime.executor import run_plan
+    from tensorplan.workflows.race import whole_graph_inductor
+    plan = orchestrate("tiny-cnn", cost="analytical")
+    whole = whole_graph_inductor(plan, plan.primitive_graph())
+    assert len(whole.kernels) == 1 and whole.kernels[0].backend == "torch-inductor"
+    assert whole.predicted_s > 0
+    whole.save(tmp_path / "w.json")
+    res = run_plan(tmp_path / "w.json", repeats=5)
+    assert res.ok and res.backends == {"torch-inductor": 1}
+    kept, race = orchestrate_raced("tiny-cnn", cost="analytical", rounds=3)
+    assert race is not None and "inductor" in race.median_s
+    assert kept.stats["race"]["chosen"] in race.median_s

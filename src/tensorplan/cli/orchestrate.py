@@ -50,6 +50,9 @@ def register(app: typer.Typer) -> None:
         race: bool = typer.Option(True, "--race/--no-race",
                                   help="Run the BLP plan end to end against its alternatives (fewest kernels, "
                                        "no recomputation), interleaved, and keep the winner."),
+        race_inductor: bool = typer.Option(True, "--race-inductor/--no-race-inductor",
+                                           help="Also race the whole rewritten graph as one PyTorch Inductor "
+                                                "program (CPU plans; compiling it takes ~10-60 s)."),
         race_rounds: int = typer.Option(15, "--race-rounds", help="Interleaved rounds of the race."),
         race_margin: float = typer.Option(0.10, "--race-margin",
                                           help="A plan with more kernels must beat fewer-kernel finalists by "
@@ -69,7 +72,8 @@ def register(app: typer.Typer) -> None:
             linear_epilogue=linear_epilogue, recompute=not no_recompute, cuts=not no_cuts,
             time_limit=time_limit, method=method, progress=not as_json,
             regions=None if regions else False, region_segments=region_segments,
-            kernel_overhead_s=kernel_overhead, rewrite=rewrite, winograd=winograd, race=race, rounds=race_rounds,
+            kernel_overhead_s=kernel_overhead, rewrite=rewrite, winograd=winograd, race=race,
+            inductor=race_inductor, rounds=race_rounds,
             margin=race_margin, threads=threads,
             log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
         if output is not None:

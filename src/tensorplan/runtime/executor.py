@@ -301,6 +301,12 @@ def race_plans(plans: dict[str, Plan], prim: Graph, feeds: dict[str, np.ndarray]
     with pinned_threads(threads):
         runs = {}
         for name, p in plans.items():
+            from .torch_runner import TorchPlanRunner, is_torch_plan
+            if is_torch_plan(p):
+                r = TorchPlanRunner(p, prim, device=p.kernels[0].schedule["device"], cuda_graph=False)
+                r.bind(feeds)
+                runs[name] = r.replay
+                continue
             ex = PlanExecutor(p, prim, threads=threads)
             ex.set_inputs(feeds)
             runs[name] = ex.run_bound

@@ -119,13 +119,15 @@ def run_torch_plan(plan: Plan, prim: Graph, feeds: dict[str, np.ndarray], *, che
         raise TensorplanError(f"this plan's kernels were chosen for '{device}', and this machine has no CUDA "
                               f"GPU; run it on a GPU machine or re-run orchestrate for this device")
     compile_ = any(k.backend == "torch-inductor" for k in plan.kernels)
-    r = TorchPlanRunner(plan, prim, device=device, compile=compile_)
-    r.bind(feeds)
-    outs = r.outputs_numpy(r.replay())
-    sync = torch.cuda.synchronize if r.device.type == "cuda" else None
-    n = repeats or None
-    tm = measure(r.replay, warmup=2, min_repeats=n or 5, max_repeats=n or 500, budget_s=0.0 if n else budget_s,
-                 sync=sync)
+    from ..measure.timer import pinned_threads
+    with pinned_threads(None if device.startswith("cuda") else threads):
+        r = TorchPlanRunner(plan, prim, device=device, compile=compile_)
+        r.bind(feeds)
+        outs = r.outputs_numpy(r.replay())
+        sync = torch.cuda.synchronize if r.device.type == "cuda" else None
+        n = repeats or None
+        tm = measure(r.replay, warmup=2, min_repeats=n or 5, max_repeats=n or 500,
+                     budget_s=0.0 if n else budget_s, sync=sync)
     errors: dict[str, float] = {}
     max_err = ok = None
     if check:

@@ -3,8 +3,9 @@
 Why: the BLP minimises a sum of *solo* kernel timings. Inside a running plan every kernel
 boundary costs more than solo timings show (thread pools waking, cold caches), so a plan that
 wins on paper can lose on the machine. Before a plan is kept, the BLP's plan, the plan with the
-fewest kernels (the BLP with 1 s per kernel: as few ONNX Runtime sessions as possible) and, when
-the BLP recomputes, the BLP without recomputation run interleaved on the same inputs. The winner
+fewest kernels (the BLP with 1 s per kernel: as few ONNX Runtime sessions as possible), when
+the BLP recomputes, the BLP without recomputation, and (`inductor=True`, CPU plans) the whole
+primitive graph as one Inductor program run interleaved on the same inputs. The winner
 is the plan with the fewest kernels among those within `margin` of the fastest: identical plans
 already land up to ~8 % apart between two executors in one run (docs/results.md, noise floor),
 so a smaller lead is not evidence that more kernel boundaries pay.
@@ -61,9 +62,43 @@ def finalists(model: Any, plan: Plan, cost: Any, **opts) -> dict[str, Plan]:
     return out
 
 
+def whole_graph_inductor(plan: Plan, prim: Any, threads: int = 2) -> Plan:
+    """The whole (rewritten, fissioned) primitive graph as one Inductor-compiled program on the CPU.
+
+    Why a finalist: on a CPU, PyTorch's compiler fuses the elementwise tails into its convolution
+    and GEMM calls across the whole graph, which no set of separately timed kernels captures; fed
+    the rewritten graph (fewer FLOPs than the model as given) it can beat both ONNX Runtime and
+    `torch.compile` of the original module. Its predicted time is its own solo median."""
+    from ..measure.timer import measure, pinned_threads
+    from ..plan.plan import PlanKernel, plan_buffers, verify
+    from ..program.torch_kernel import _example, build_kernel
+    import torch
+    nodes = [n.name for n in prim.nodes]
+    with pinned_threads(threads):
+        k = build_kernel(prim, nodes, list(prim.inputs), list(prim.outputs), device="cpu", compile=True)
+        xs = [_example(prim, i, "cpu") for i in prim.inputs]
+        with torch.inference_mode():
+            solo = measure(lambda: k(*xs), warmup=2, budget_s=0.3).median_s
+    d = plan.to_dict()
+    whole = Plan.from_dict(d)
+    whole.kernels = [PlanKernel(id="k0", nodes=nodes, inputs=list(prim.inputs), outputs=list(prim.outputs),
+                                kind="memory" if not any(n.op in ("Conv", "MatMul", "Gemm", "ConvTranspose")
+                                                         for n in prim.nodes) else "linear",
+                                predicted_s=float(solo), backend="torch-inductor",
+                                schedule={"device": "cpu", "whole_graph": True})]
+    whole.order = ["k0"]
+    whole.solver = {**plan.solver, "finalist": "inductor-whole-graph"}  # the BLP it was raced against
+    regions = dict(plan.stats.get("ort_regions") or {})
+    regions.update(selected=0, kernels_after_merge=0, primitives=0)
+    whole.stats = {**plan.stats, "recomputed_primitives": 0, "ort_regions": regions}
+    verify(whole, prim)
+    plan_buffers(whole, prim)
+    return whole
+
+
 def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin: float = 0.10,
                       burst_s: float = 0.03, feeds: dict[str, np.ndarray] | None = None,
-                      race: bool = True, log: Callable[[str], None] | None = None,
+                      race: bool = True, inductor: bool = True, log: Callable[[str], None] | None = None,
                       **opts) -> tuple[Plan, RaceResult | None]:
     """`plan.orchestrate(model, **opts)`, then the finalists' race (module docstring).
 
@@ -78,9 +113,15 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
         return plan, None
     t0 = time.perf_counter()
     cands = finalists(model, plan, cm, **opts)
+    prim = plan.primitive_graph()
+    if inductor:
+        try:
+            cands["inductor"] = whole_graph_inductor(plan, prim, threads=threads)
+        except Exception as e:  # noqa: BLE001 - a graph Inductor cannot build is simply no finalist
+            if log:
+                log(f"race: no Inductor finalist ({type(e).__name__}: {str(e)[:200]})")
     if len(cands) == 1:
         return plan, None
-    prim = plan.primitive_graph()
     if feeds is None:
         from ..graph.reference import random_feeds
         feeds = random_feeds(prim, seed=0)
@@ -101,4 +142,4 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
     return kept, result
 
 
-__all__ = ["RaceResult", "finalists", "orchestrate_raced", "pick_finalist"]
+__all__ = ["RaceResult", "finalists", "orchestrate_raced", "pick_finalist", "whole_graph_inductor"]
