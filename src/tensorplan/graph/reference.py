@@ -1099,6 +1099,35 @@ def _resize_taps(mode: str, coord_mode: str, nearest_mode: str, in_size: int, ou
     raise TensorplanError(f"Resize: mode '{mode}' is not supported")
 
 
+def resize_geometry(node: Node, in_shape: tuple[int, ...], scales, sizes, axes=None,
+                    policy: str = "stretch") -> tuple[list[int], list[float], list[int]]:
+    """(resized axes, per-axis scale, output shape) of a Resize, from its sizes or scales input."""
+    r = len(in_shape)
+    axes = [a % r for a in _ints(axes)] if axes is not None else list(range(r))
+    full_scales = [1.0] * r
+    out_shape = list(in_shape)
+    if sizes is not None:
+        sz = _ints(sizes)
+        if policy != "stretch":
+            ratios = [sz[i] / in_shape[a] for i, a in enumerate(axes)]
+            ratio = min(ratios) if policy == "not_larger" else max(ratios)
+            for a in axes:
+                full_scales[a] = ratio
+                out_shape[a] = int(math.floor(ratio * in_shape[a] + 0.5))
+        else:
+            for i, a in enumerate(axes):
+                out_shape[a] = sz[i]
+                full_scales[a] = sz[i] / in_shape[a]
+    elif scales is not None:
+        sc = [float(f) for f in np.asarray(scales, dtype=np.float32).reshape(-1)]
+        for i, a in enumerate(axes):
+            full_scales[a] = sc[i]
+            out_shape[a] = int(math.floor(in_shape[a] * sc[i]))
+    else:
+        raise TensorplanError(f"node '{node.name}' (Resize): neither scales nor sizes is given")
+    return axes, full_scales, out_shape
+
+
 @register("Resize")
 def _resize(node, x):
     v = x[0]
@@ -1123,28 +1152,7 @@ def _resize(node, x):
     if int(s("antialias", 0)):
         raise TensorplanError(f"node '{node.name}' (Resize): antialias=1 is not supported")
     r = v.ndim
-    axes = [a % r for a in _ints(axes)] if axes is not None else list(range(r))
-    full_scales = [1.0] * r
-    out_shape = list(v.shape)
-    if sizes is not None:
-        sz = _ints(sizes)
-        if policy != "stretch":
-            ratios = [sz[i] / v.shape[a] for i, a in enumerate(axes)]
-            ratio = min(ratios) if policy == "not_larger" else max(ratios)
-            for a in axes:
-                full_scales[a] = ratio
-                out_shape[a] = int(math.floor(ratio * v.shape[a] + 0.5))
-        else:
-            for i, a in enumerate(axes):
-                out_shape[a] = sz[i]
-                full_scales[a] = sz[i] / v.shape[a]
-    elif scales is not None:
-        sc = [float(f) for f in np.asarray(scales, dtype=np.float32).reshape(-1)]
-        for i, a in enumerate(axes):
-            full_scales[a] = sc[i]
-            out_shape[a] = int(math.floor(v.shape[a] * sc[i]))
-    else:
-        raise TensorplanError(f"node '{node.name}' (Resize): neither scales nor sizes is given")
+    axes, full_scales, out_shape = resize_geometry(node, tuple(v.shape), scales, sizes, axes, policy)
     roi_v = None if roi is None or np.asarray(roi).size == 0 else np.asarray(roi, np.float64).reshape(-1)
     out = v.astype(np.float64) if mode != "nearest" else v
     for a in range(r):

@@ -417,7 +417,6 @@ def _resize(node, consts):
     """Per resized axis: gather the taps (indices and weights computed once, from the reference
     executor's tap rule, so every ONNX mode matches) and sum them."""
     torch = _torch()
-    shape = None  # filled from the input at trace time; taps depend only on static sizes
     scales = _const(consts, 2)
     sizes = _const(consts, 3)
     if scales is not None and scales.size == 0:
@@ -433,25 +432,11 @@ def _resize(node, consts):
     cubic_a = float(_s(node, "cubic_coeff_a", -0.75))
     excl = bool(_s(node, "exclude_outside", 0))
     axes_attr = node.attrs.get("axes")
-    del shape
 
     def run(x):
         v = x[0]
         r = v.dim()
-        axes = [a % r for a in ref._ints(axes_attr)] if axes_attr is not None else list(range(r))
-        full = [1.0] * r
-        out_shape = list(v.shape)
-        if sizes is not None:
-            for i, a in enumerate(axes):
-                out_shape[a] = int(sizes.reshape(-1)[i])
-                full[a] = out_shape[a] / v.shape[a]
-        elif scales is not None:
-            sc = [float(f) for f in np.asarray(scales, dtype=np.float32).reshape(-1)]
-            for i, a in enumerate(axes):
-                full[a] = sc[i]
-                out_shape[a] = int(np.floor(v.shape[a] * sc[i]))
-        else:
-            raise UnsupportedOperatorError([(node.name, "Resize without constant scales or sizes")])
+        _, full, out_shape = ref.resize_geometry(node, tuple(v.shape), scales, sizes, axes_attr)
         out = v
         for a in range(r):
             if out_shape[a] == v.shape[a] and full[a] == 1.0:
@@ -495,6 +480,12 @@ def _gemm(node, consts):
     return run
 
 
+def _conv_attrs(node: Node, nd: int) -> tuple[list[int], list[int], int]:
+    """(strides, dilations, group) of a Conv / ConvTranspose with `nd` spatial dims."""
+    return (ref._ints(node.attrs.get("strides", [1] * nd)), ref._ints(node.attrs.get("dilations", [1] * nd)),
+            int(node.attrs.get("group", 1)))
+
+
 @_reg("Conv")
 def _conv(node, consts):
     F = _torch().nn.functional
@@ -503,9 +494,7 @@ def _conv(node, consts):
         v, w = x[0], x[1]
         b = x[2] if len(x) > 2 else None
         nd = v.dim() - 2
-        strides = ref._ints(node.attrs.get("strides", [1] * nd))
-        dil = ref._ints(node.attrs.get("dilations", [1] * nd))
-        group = int(node.attrs.get("group", 1))
+        strides, dil, group = _conv_attrs(node, nd)
         pads = ref._conv_pads(node, list(v.shape[2:]), list(w.shape[2:]), strides, dil)
         if pads[:nd] == pads[nd:]:
             padding = pads[:nd]
@@ -527,9 +516,7 @@ def _convt(node, consts):
         v, w = x[0], x[1]
         b = x[2] if len(x) > 2 else None
         nd = v.dim() - 2
-        strides = ref._ints(node.attrs.get("strides", [1] * nd))
-        dil = ref._ints(node.attrs.get("dilations", [1] * nd))
-        group = int(node.attrs.get("group", 1))
+        strides, dil, group = _conv_attrs(node, nd)
         out_pad = ref._ints(node.attrs.get("output_padding", [0] * nd))
         pads = [0] * (2 * nd) if _s(node, "auto_pad", "NOTSET") == "VALID" else \
             ref._ints(node.attrs.get("pads", [0] * (2 * nd)))
