@@ -24,7 +24,7 @@ from ..plan.plan import Plan, PlanKernel, plan_buffers
 
 DEFAULT_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "ort"}
 FALLBACKS = {"tvm": ["ort", "reference"], "ort": ["reference"], "torch": ["ort", "reference"],
-             "reference": []}
+             "torch-inductor": ["ort", "reference"], "reference": []}
 
 
 def _torch():
@@ -57,6 +57,28 @@ def reference_kernel(sub: Graph, name: str):
                         output_dtypes=[sub.tensors[o].dtype for o in outs], _bind=bind)
 
 
+def inductor_kernel(sub: Graph, name: str):
+    """A kernel compiled by PyTorch Inductor (program.torch_kernel) on the CPU, writing its results
+    into the plan's buffers (one copy per output: Inductor allocates its own outputs)."""
+    from ..program.linear import VendorKernel
+    from ..program.torch_kernel import build_kernel as build_torch
+    ins = [i for i in sub.inputs if not sub.tensors[i].is_constant]
+    outs = list(sub.outputs)
+    try:
+        k = build_torch(sub, [n.name for n in sub.nodes], ins, outs, device="cpu", compile=True)
+    except TensorplanError as e:  # an op with no torch builder: let the executor fall back
+        raise CompileError(f"torch-inductor: {e}") from e
+
+    def bind(inputs, outputs):
+        def call():
+            for t, r in zip(outputs, k(*inputs)):
+                t.copy_(r)
+        return call
+    return VendorKernel(name=name, backend="torch-inductor", input_names=ins, output_names=outs,
+                        output_shapes=[tuple(sub.tensors[o].shape) for o in outs],
+                        output_dtypes=[sub.tensors[o].dtype for o in outs], _bind=bind)
+
+
 def kernel_graph(prim: Graph, k: PlanKernel, source: Graph | None = None) -> Graph:
     """What a plan kernel computes, as a standalone Graph: its primitives, or for a region kernel
     the original operators it names (`schedule["operators"]`, taken from `source`)."""
@@ -83,6 +105,8 @@ def build_kernel(prim: Graph, k: PlanKernel, threads: int = 2, source: Graph | N
         try:
             if b == "reference":
                 return reference_kernel(sub, k.id), b, notes
+            if b == "torch-inductor":
+                return inductor_kernel(sub, k.id), b, notes
             sched = {x: v for x, v in k.schedule.items() if x != "operators"} if b == backend else None
             return make_kernel(sub, list(k.outputs), b, threads=threads, schedule=sched or None), b, notes
         except CompileError as e:
