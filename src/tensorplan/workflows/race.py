@@ -113,6 +113,8 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
         return plan, None
     t0 = time.perf_counter()
     cands = finalists(model, plan, cm, **opts)
+    if len(cands) == 1 and not inductor:
+        return plan, None
     prim = plan.primitive_graph()
     if inductor:
         try:
