@@ -113,12 +113,15 @@ def test_cli_orchestrate_and_run_a_torch_plan(tmp_path):
 
     from tensorplan.cli import app
     out = tmp_path / "plan.json"
-    r = CliRunner().invoke(app, ["orchestrate", "tiny-cnn", "--cost", "torch", "-o", str(out), "--json"])
+    r = CliRunner().invoke(app, ["orchestrate", "tiny-cnn", "--cost", "torch", "--jobs", "2", "-o", str(out),
+                                 "--json"])
     assert r.exit_code == 0, r.output
     summ = json.loads(r.output[r.output.index("{"):])
     assert summ["race"] is None  # torch plans are not raced (one CUDA graph on a GPU)
     from tensorplan.plan.plan import Plan
-    assert all(k.backend == "torch-inductor" for k in Plan.load(out).kernels)
+    saved = Plan.load(out)
+    assert all(k.backend == "torch-inductor" for k in saved.kernels)
+    assert saved.stats["cost_model"]["warm_s"] > 0  # --jobs 2 pre-compiled in worker processes
     r = CliRunner().invoke(app, ["run", str(out), "--json", "-n", "5"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.output[r.output.index("{"):])

@@ -58,6 +58,8 @@ def register(app: typer.Typer) -> None:
                                           help="A plan with more kernels must beat fewer-kernel finalists by "
                                                "this fraction (identical plans land up to ~8%% apart)."),
         threads: int = typer.Option(2, "--threads", help="Threads the race runs the plans with."),
+        jobs: int = typer.Option(1, "--jobs", help="With torch-built kernels (--device cuda, --cost torch): "
+                                 "processes that pre-compile the candidates in parallel (Inductor caches)."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
     ) -> None:
         """Fission, enumerate candidate kernels, cost them, solve the BLP, race the finalists end to
@@ -66,6 +68,13 @@ def register(app: typer.Typer) -> None:
         from ..workflows.race import orchestrate_raced
 
         err = Console(stderr=True)
+        if jobs > 1:
+            from ..cost.torch_device import TorchDeviceCost
+            from ..plan.orchestrate import make_cost, resolve_device
+            cm = make_cost(cost, resolve_device(device))
+            if isinstance(cm, TorchDeviceCost):
+                cm.jobs = jobs
+                cost = cm
         plan, raced = orchestrate_raced(
             model, input_shapes=parse_input_shapes(input_shape) or None, opset=opset, device=device,
             cost=cost, max_nodes=max_nodes, max_reduces=None if max_reduces < 0 else max_reduces,
