@@ -127,3 +127,53 @@ def test_cli_orchestrate_and_run_a_torch_plan(tmp_path):
     res = json.loads(r.output[r.output.index("{"):])
     assert res["ok"] is True and res["backends"] == {"torch-inductor": summ["kernels"]}
     assert res["median_s"] > 0
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1], "ceil_mode": 1}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("Resize", {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}),
+    ("Resize", {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+    ("Pad", {"mode": "reflect"}),
+    ("Pad", {"mode": "edge"}),
+])
+def test_layout_and_pooling_ops_match_the_reference(op, attrs):
+    """Single ops with the attributes the zoo does not all exercise, against the reference executor."""
+    g = Graph("one")
+    g.add_tensor(Tensor("x", (1, 3, 9, 11), "float32"))
+    ins = ["x"]
+    if op == "Resize":
+        for name, val in (("roi", np.zeros(0, np.float32)), ("scales", np.array([1, 1, 2, 1.5], np.float32))):
+            g.add_tensor(Tensor(name, val.shape, "float32", data=val))
+        ins += ["roi", "scales"]
+    if op == "Pad":
+        pads = np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64)
+        g.add_tensor(Tensor("pads", pads.shape, "int64", data=pads))
+        ins.append("pads")
+    g.add_node(Node("n0", op, ins, ["y"], attrs))
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 3, 9, 11)).astype(np.float32)}
+    ref = run_reference_shapes(g, feeds)
+    g.add_tensor(Tensor("y", ref.shape, "float32"))
+    g.inputs, g.outputs = ["x"], ["y"]
+    out = run_graph(g, feeds)["y"]
+    assert out.shape == ref.shape and rel_error(out, ref) <= 1e-6
+
+
+def test_asymmetric_average_pool_is_refused_not_wrong():
+    g = Graph("one")
+    g.add_tensor(Tensor("x", (1, 2, 8, 8), "float32"))
+    g.add_tensor(Tensor("y", (1, 2, 8, 8), "float32"))
+    g.add_node(Node("ap", "AveragePool", ["x"], ["y"], {"kernel_shape": [3, 3], "pads": [0, 0, 2, 2],
+                                                        "count_include_pad": 1}))
+    g.inputs, g.outputs = ["x"], ["y"]
+    with pytest.raises(UnsupportedOperatorError, match="ap"):
+        run_graph(g, {"x": np.ones((1, 2, 8, 8), np.float32)})
+
+
+def run_reference_shapes(g: Graph, feeds) -> np.ndarray:
+    from tensorplan.graph.reference import run_node
+    n = g.nodes[0]
+    vals = [feeds[i] if i in feeds else g.tensors[i].data for i in n.inputs]
+    return run_node(n, vals)[0]

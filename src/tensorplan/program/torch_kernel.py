@@ -544,8 +544,7 @@ def _pool(node, consts):
                 v = F.pad(v, ref._torch_pad_arg(all_pads), value=-float("inf"))
             fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nd]
             return [fn(v, kernel, strides, 0, dil)]
-        if any(d != 1 for d in dil) or any(extra) or (any(pads) and not int(_s(node, "count_include_pad", 0))
-                                                      and pads[:nd] != pads[nd:]):
+        if any(d != 1 for d in dil) or any(extra) or pads[:nd] != pads[nd:]:
             raise UnsupportedOperatorError([(node.name, "AveragePool with dilations/ceil overhang/asymmetric pads")])
         fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nd]
         return [fn(v, kernel, strides, pads[:nd], count_include_pad=bool(int(_s(node, "count_include_pad", 0))))]
