@@ -264,6 +264,8 @@ def _split(node, consts):
     torch = _torch()
     axis = int(_s(node, "axis", 0))
     c = _const(consts, 1)
+    if len(node.inputs) > 1 and node.inputs[1] and c is None:
+        raise UnsupportedOperatorError([(node.name, "Split with computed split sizes")])
     sizes = ref._ints(c) if c is not None else (ref._ints(node.attrs["split"]) if "split" in node.attrs else None)
     n = len(node.outputs)
 
