@@ -67,7 +67,6 @@ def machine() -> dict:
 
 
 def bench_model(name: str, args, peaks: dict) -> dict:
-    import numpy as np
     import torch
 
     from tensorplan.cost.torch_device import TorchDeviceCost
@@ -167,7 +166,6 @@ def bench_model(name: str, args, peaks: dict) -> dict:
                                     "measured_ms": med["tensorplan"]}
     log(f"{name}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(med.items(), key=lambda kv: kv[1])) +
         f"; tensorplan {res['speedup_vs_best_baseline']:.2f}x vs {best}, {res['vs_roofline']:.2f}x roofline")
-    del np
     return res
 
 

@@ -27,11 +27,6 @@ if TYPE_CHECKING:
     from ..plan.candidates import Candidate
 
 
-def _inputs(prim: Graph, names, device) -> list:
-    from ..program.torch_kernel import _example
-    return [_example(prim, n, device) for n in names]
-
-
 def cuda_graph_timer(fn: Callable[[], Any], *, calls: int = 20, min_repeats: int = 5,
                      budget_s: float = 0.05) -> float:
     """Median GPU seconds per call of `fn`, captured `calls` times in one CUDA graph and replayed."""
@@ -56,12 +51,12 @@ def _warm_worker(args) -> int:
     """Worker process: build (compile) kernels so Inductor's caches hold them; returns how many built."""
     prim, cands, device = args
     import torch  # noqa: F401
-    from ..program.torch_kernel import build_kernel
+    from ..program.torch_kernel import build_kernel, example_inputs
     n = 0
     for c in cands:
         try:
             k = build_kernel(prim, c.nodes, c.inputs, c.outputs, device=device, compile=True)
-            k(*_inputs(prim, c.inputs, device))
+            k(*example_inputs(prim, c.inputs, device))
             n += 1
         except Exception:  # noqa: BLE001 - the timing pass reports the failure
             pass
@@ -143,12 +138,12 @@ class TorchDeviceCost:
                   f"with {self.jobs} processes")
 
     def _time(self, prim: Graph, c: "Candidate") -> float:
-        from ..program.torch_kernel import build_kernel
+        from ..program.torch_kernel import build_kernel, example_inputs
         import torch
         t0 = time.perf_counter()
         try:
             k = build_kernel(prim, c.nodes, c.inputs, c.outputs, device=self.device, compile=self.compile)
-            xs = _inputs(prim, c.inputs, self.device)
+            xs = example_inputs(prim, c.inputs, self.device)
             k(*xs)
         except (CompileError, UnsupportedOperatorError) as e:
             self.errors[c.canonical_hash] = str(e)[:300]

@@ -588,6 +588,11 @@ class TorchKernel:
         return outs
 
 
+def example_inputs(prim: Graph, names: Sequence[str], device: Any) -> list:
+    """Random tensors of the graph's static shapes for `names` (tracing, compiling, timing)."""
+    return [_example(prim, n, device) for n in names]
+
+
 def _example(prim: Graph, name: str, device: Any):
     torch = _torch()
     t = prim.tensors[name]
@@ -630,7 +635,7 @@ def _graph_module(prim: Graph, nodes: Sequence[Node], inputs: Sequence[str], out
         return tuple(env[o].contiguous() for o in outputs)
 
     with torch.inference_mode(False), torch.no_grad():
-        return make_fx(forward)(*[_example(prim, i, device) for i in inputs])
+        return make_fx(forward)(*example_inputs(prim, inputs, device))
 
 
 def build_kernel(prim: Graph, node_names: Sequence[str], inputs: Sequence[str], outputs: Sequence[str],
@@ -652,7 +657,7 @@ def build_kernel(prim: Graph, node_names: Sequence[str], inputs: Sequence[str], 
     fn = gm
     if compile:
         try:
-            fn = torch._inductor.compile(gm, [_example(prim, i, device) for i in inputs], options=_INDUCTOR_OPTIONS)
+            fn = torch._inductor.compile(gm, example_inputs(prim, inputs, device), options=_INDUCTOR_OPTIONS)
         except Exception as e:  # noqa: BLE001 - a kernel Inductor cannot build is not a candidate
             raise CompileError(f"kernel over {list(node_names)[:3]}...: Inductor failed: "
                                f"{type(e).__name__}: {str(e)[:300]}") from e
@@ -669,4 +674,4 @@ def run_graph(prim: Graph, feeds: dict[str, np.ndarray], *, device: Any = "cpu")
     return {o: v.detach().cpu().numpy() for o, v in zip(prim.outputs, outs)}
 
 
-__all__ = ["TorchKernel", "build_kernel", "run_graph", "supported_ops"]
+__all__ = ["TorchKernel", "build_kernel", "example_inputs", "run_graph", "supported_ops"]

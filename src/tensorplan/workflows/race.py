@@ -71,12 +71,12 @@ def whole_graph_inductor(plan: Plan, prim: Any, threads: int = 2) -> Plan:
     `torch.compile` of the original module. Its predicted time is its own solo median."""
     from ..measure.timer import measure, pinned_threads
     from ..plan.plan import PlanKernel, plan_buffers, verify
-    from ..program.torch_kernel import _example, build_kernel
+    from ..program.torch_kernel import build_kernel, example_inputs
     import torch
     nodes = [n.name for n in prim.nodes]
     with pinned_threads(threads):
         k = build_kernel(prim, nodes, list(prim.inputs), list(prim.outputs), device="cpu", compile=True)
-        xs = [_example(prim, i, "cpu") for i in prim.inputs]
+        xs = example_inputs(prim, prim.inputs, "cpu")
         with torch.inference_mode():
             solo = measure(lambda: k(*xs), warmup=2, budget_s=0.3).median_s
     d = plan.to_dict()
