@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -28,7 +29,9 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", help="Where to save the model (.pt; default: cache)."),
         ship: bool = typer.Option(False, "--ship", help="Save to the packaged weights (predict/weights/cdmpp-local.pt)."),
         epochs: int = typer.Option(400, "--epochs", help="Maximum epochs."),
-        max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds."),
+        max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds (per member)."),
+        members: int = typer.Option(1, "--members", help="Train an ensemble of this many seeds (>= 2): "
+                                    "averaged predictions and a per-kernel spread."),
         max_spread: float = typer.Option(0.01, "--max-spread", help="Keep records whose repeat spread is <= this."),
         stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -39,7 +42,7 @@ def register(app: typer.Typer) -> None:
 
         dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / "cdmpp.pt")
         _, info = train(data, devices=devices.split(",") if devices else None, out=dest, epochs=epochs,
-                        max_time_s=max_time, max_cov=max_spread, stability=stability)
+                        max_time_s=max_time, max_cov=max_spread, stability=stability, members=members)
         if json_out:
             print(_dump(info))
             return
@@ -94,12 +97,17 @@ def register(app: typer.Typer) -> None:
             print(_dump(r))
             return
         t = Table(title=f"{r['model']} on {r['domain']} ({r['predictor']}): {r['total_ms']:.3f} ms predicted")
-        for c in ("kernel", "calls", "MFLOP", "leaves", "pred µs", "× calls µs", "share"):
+        spread = all("log_spread" in k for k in r["kernels"])
+        cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + [
+            "× calls µs", "share"]
+        for c in cols:
             t.add_column(c, justify="left" if c == "kernel" else "right")
         tot = max(r["total_ms"] * 1e3, 1e-12)
         for k in sorted(r["kernels"], key=lambda k: -k["total_us"]):
+            # spread ×: exp(std of the ensemble members' log predictions), 1.00 = full agreement
+            extra = [f"{math.exp(k['log_spread']):.2f}"] if spread else []
             t.add_row(k["task"], str(k["calls"]), f"{k['flops'] / 1e6:.2f}", str(k["leaves"]), f"{k['predicted_us']:.1f}",
-                      f"{k['total_us']:.1f}", f"{100 * k['total_us'] / tot:.1f}%")
+                      *extra, f"{k['total_us']:.1f}", f"{100 * k['total_us'] / tot:.1f}%")
         Console().print(t)
         _log(f"{r['n_kernels']} kernels; featurize {r['featurize_s']:.1f} s, predict {r['predict_s'] * 1e3:.1f} ms")
 

@@ -58,21 +58,26 @@ def _log_target(y: np.ndarray) -> tuple[np.ndarray, float, float]:
 # --------------------------------------------------------------------------------------------
 @register
 class TenSetXGB(Estimator):
-    """XGBoost on summed per-store features (TenSet params: depth 6, gamma 0.003, mcw 2, eta 0.2)."""
+    """XGBoost on summed per-store features (TenSet params: depth 6, gamma 0.003, mcw 2, eta 0.2).
+
+    `subsample` / `colsample` < 1 draw rows / feature columns per tree, so differently seeded
+    copies differ (what an ensemble of trees needs); TenSet uses 1 (every seed the same model).
+    """
 
     name = "xgboost"
 
     def __init__(self, max_depth: int = 6, gamma: float = 0.003, min_child_weight: float = 2.0,
                  eta: float = 0.2, n_rounds: int = 400, early_stop: int = 100, threads: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, subsample: float = 1.0, colsample: float = 1.0):
         self.max_depth, self.gamma, self.min_child_weight, self.eta = max_depth, gamma, min_child_weight, eta
         self.n_rounds, self.early_stop, self.threads, self.seed = n_rounds, early_stop, threads, seed
+        self.subsample, self.colsample = subsample, colsample
         self.booster = None
 
     def _params(self):
         p = {"max_depth": self.max_depth, "gamma": self.gamma, "min_child_weight": self.min_child_weight,
              "eta": self.eta, "objective": "reg:squarederror", "verbosity": 0, "seed": self.seed,
-             "tree_method": "hist"}
+             "tree_method": "hist", "subsample": self.subsample, "colsample_bytree": self.colsample}
         p["nthread"] = self.threads or 1  # see cdmpp.torch_threads: spinning workers on a shared 2-core box
         return p
 

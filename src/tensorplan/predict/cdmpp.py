@@ -282,6 +282,8 @@ class Estimator(abc.ABC):
     """
 
     name = "estimator"
+    #: True for models whose `finetune` adapts the trained model itself (CDMPP); the others refit.
+    adapts_by_finetune = False
 
     def get_params(self) -> dict[str, Any]:
         import inspect
@@ -574,6 +576,7 @@ class CDMPP(Estimator):
     """CDMPP: Transformer over compact-AST leaves + device MLP, hybrid loss, optional CMD."""
 
     name = "cdmpp"
+    adapts_by_finetune = True
 
     def __init__(self, d_model: int = 64, n_layers: int = 1, n_heads: int = 4, d_ff: int = 128,
                  dropout: float = 0.05, emb_dim: int = 64, hidden: int = 192, max_leaves: int = 64,
@@ -829,11 +832,11 @@ class CDMPP(Estimator):
         return path
 
 
-def load_shipped() -> CDMPP:
+def load_shipped() -> Estimator:
     """The model trained on this machine's domains and shipped with the package."""
     if not SHIPPED_MODEL.exists():
         raise TensorplanError(f"shipped model '{SHIPPED_MODEL}' is missing; run `tensorplan train --ship`")
-    return CDMPP.load(SHIPPED_MODEL)
+    return load_estimator(SHIPPED_MODEL)   # a CDMPP or an ensemble of them (`train --members`)
 
 
 # --------------------------------------------------------------------------------------------
@@ -924,11 +927,13 @@ def resolve_domain(device: str) -> str:
 
 
 def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | None = None,
-          max_cov: float = 0.01, stability: str = "mad", log=None, **params) -> tuple[CDMPP, dict]:
+          max_cov: float = 0.01, stability: str = "mad", log=None, members: int = 1,
+          **params) -> tuple[Estimator, dict]:
     """Train CDMPP on every stable record of `devices` (default: all) of a dataset; save to `out`.
 
     Stability: repeat spread <= max_cov, measured as MAD/median by default (`stability="mad"`): on a
-    shared machine one preempted repeat inflates the CoV of an otherwise well-measured program."""
+    shared machine one preempted repeat inflates the CoV of an otherwise well-measured program.
+    `members > 1` trains an `ensemble.Ensemble` of that many seeds (each with the full budget)."""
     from .dataset import load_dataset
 
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
@@ -940,11 +945,20 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     arr = as_arrays(ds)
     rng = np.random.default_rng(params.get("seed", 0))
     val_m = rng.random(len(arr)) < 0.05
-    model = CDMPP(**params)
+    if members > 1:
+        from .ensemble import Ensemble
+
+        model = Ensemble.of(lambda s: CDMPP(**{**params, "seed": s}), members, seed=params.get("seed", 0))
+        parts = model.members
+    else:
+        model = CDMPP(**params)
+        parts = [model]
     model.fit(arr.subset(np.flatnonzero(~val_m)), val=arr.subset(np.flatnonzero(val_m)))
     val = arr.subset(np.flatnonzero(val_m))
-    info = {"records": len(arr), "stability": f"{stability} <= {max_cov}", "devices": sorted(set(arr.device_name)), "train_time_s": model.train_time_s,
-            "val": regression_metrics(model.predict(val), val.latency_s), "epochs_run": len(model.history)}
+    info = {"records": len(arr), "stability": f"{stability} <= {max_cov}", "devices": sorted(set(arr.device_name)),
+            "members": len(parts), "train_time_s": sum(m.train_time_s for m in parts),
+            "val": regression_metrics(model.predict(val), val.latency_s),
+            "epochs_run": [len(m.history) for m in parts] if members > 1 else len(model.history)}
     if out is not None:
         p = model.save(out)
         info["path"] = str(p)
@@ -1001,13 +1015,16 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     t1 = time.perf_counter()
     arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
                                       task_key=[t.key for t in tasks])
-    pred = est.predict(arr)
+    # an ensemble also says how much its members disagree (std of log latency) per kernel
+    pred, spread = est.predict_with_spread(arr) if hasattr(est, "predict_with_spread") else (est.predict(arr), None)
     t2 = time.perf_counter()
     kernels = []
-    for t, a, h, s in zip(tasks, asts, how, pred):
+    for i, (t, a, h, s) in enumerate(zip(tasks, asts, how, pred)):
         c = int(t.networks.get(name, 1))
         kernels.append({"task": t.name, "key": t.key, "calls": c, "flops": float(t.flops), "leaves": a.n_leaves,
                         "schedule": h, "predicted_us": 1e6 * float(s), "total_us": 1e6 * float(s) * c})
+        if spread is not None:
+            kernels[-1]["log_spread"] = float(spread[i])
     total = sum(k["total_us"] for k in kernels)
     return {"model": name, "device": device, "domain": dom, "predictor": type(est).__name__,
             "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,

@@ -116,11 +116,9 @@ def finetune_model(model, base, target_pool, n_tasks: int, per_task: int, method
     `model` is already trained on `base`. CDMPP fine-tunes its weights (with CMD towards the rest of
     the pool); baselines refit on base + the few target samples.
     """
-    from .cdmpp import CDMPP
-
     pool = as_arrays(target_pool)
     ft, rest, tasks = few_shot_split(pool, n_tasks, per_task, method, seed)
-    if isinstance(model, CDMPP):
+    if model.adapts_by_finetune:
         model.finetune(pool.subset(ft), base=base, steps=steps)
     else:
         model.finetune(pool.subset(ft), base=base)
@@ -145,13 +143,14 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
         raise TensorplanError(f"finetune: adapt must be one of {ADAPT}, got {adapt!r}")
     from pathlib import Path
 
-    from .cdmpp import CDMPP, load_estimator, load_shipped, regression_metrics, resolve_domain
+    from .cdmpp import load_estimator, load_shipped, regression_metrics, resolve_domain
     from .dataset import load_dataset
 
     dom = resolve_domain(device)
     est = load_shipped() if model is None else load_estimator(model)
-    if not isinstance(est, CDMPP):
-        raise TensorplanError(f"finetune: '{model}' is a {type(est).__name__}, not a CDMPP model")
+    if not est.adapts_by_finetune:
+        raise TensorplanError(f"finetune: '{model}' is a {type(est).__name__}, not a CDMPP model "
+                              "(or an ensemble of them)")
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
     ds = ds.filter_stable(max_cov=max_cov, metric=stability)
     pool_ds = ds.device(dom)

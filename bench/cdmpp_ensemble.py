@@ -1,0 +1,117 @@
+"""Do seed ensembles (predict/ensemble.py) help on unseen networks and on seen tasks?
+
+For each split (the harness's held-out-network split and its sample split) and each model
+(CDMPP with CMD, CDMPP without CMD, XGBoost with bagging), K members are trained with seeds
+0..K-1 under the harness's budget (`--seconds` per CDMPP member; the same records, validation
+and unlabelled target set as `tensorplan evaluate`). Scored on the test set: member 0 alone (the
+single model), the mean over members of their own scores, the ensemble's geometric mean
+(shrink 0) and the ensemble's point estimate exp(mean log - shrink * var log) for shrink 1 (the
+default) and 2. Members train two at a time in separate processes (one torch thread each).
+
+Usage: python bench/cdmpp_ensemble.py [--members 3] [--seconds 150] [--splits network,sample]
+Writes bench/results/cdmpp_ensemble.json (with the machine description).
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import typer
+
+HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"   # what `tensorplan evaluate` holds out (docs/cdmpp.md)
+MODELS = {"cdmpp": {"cmd_alpha": 1.0}, "cdmpp-nocmd": {"cmd_alpha": 0.0}, "xgboost": None}
+
+
+def _splits(names: list[str], holdout: str):
+    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.predict.evaluate import network_split, sample_split
+
+    ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
+    out = {}
+    for s in names:
+        tr, va, te = network_split(ds, holdout.split(","), 0) if s == "network" else sample_split(ds, 0)
+        out[s] = (tr, va, te)
+    return out
+
+
+def _member(split: str, model: str, seed: int, seconds: float, holdout: str) -> dict:
+    """Train one member in this process; return its test predictions and training time."""
+    from tensorplan.predict.baselines import TenSetXGB
+    from tensorplan.predict.cdmpp import CDMPP
+
+    tr, va, te = _splits([split], holdout)[split]
+    unl = None
+    if split == "network":                       # CMD sees the held-out programs, never their latencies
+        unl = te.subset(np.arange(len(te)))
+        unl.latency_s = None
+    if MODELS[model] is None:
+        m = TenSetXGB(seed=seed, subsample=0.7, colsample=0.7)
+    else:
+        m = CDMPP(epochs=4000, max_time_s=seconds, seed=seed, **MODELS[model])
+    t0 = time.perf_counter()
+    m.fit(tr, va, unl)
+    return {"split": split, "model": model, "seed": seed, "train_s": time.perf_counter() - t0,
+            "pred": m.predict(te).tolist()}
+
+
+def _score(pred: np.ndarray, y: np.ndarray) -> dict:
+    from tensorplan.predict.cdmpp import regression_metrics
+
+    m = regression_metrics(pred, y)
+    return {k: m[k] for k in ("mape_pct", "median_ape_pct", "acc10_pct", "acc20_pct", "mean_abs_log_ratio")}
+
+
+def main(members: int = typer.Option(3, "--members"),
+         seconds: float = typer.Option(150.0, "--seconds", help="Training budget per CDMPP member."),
+         splits: str = typer.Option("network,sample", "--splits"),
+         models: str = typer.Option(",".join(MODELS), "--models"),
+         holdout: str = typer.Option(HOLDOUT, "--holdout"),
+         workers: int = typer.Option(2, "--workers", help="Members trained at once (processes)."),
+         out: Path = typer.Option(Path("bench/results/cdmpp_ensemble.json"), "--out")) -> None:
+    from rich.progress import track
+
+    from tensorplan.predict.evaluate import machine_info
+
+    split_names, model_names = splits.split(","), models.split(",")
+    jobs = [(s, m, k) for s in split_names for m in model_names for k in range(members)]
+    t_all = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futs = [pool.submit(_member, s, m, k, seconds, holdout) for s, m, k in jobs]
+        done = [f.result() for f in track(futs, description="training members")]
+    tests = {s: v[2] for s, v in _splits(split_names, holdout).items()}
+    res: dict = {"command": f"python bench/cdmpp_ensemble.py --members {members} --seconds {seconds:g} "
+                            f"--splits {splits} --models {models}",
+                 "holdout": holdout, "members": members, "seconds_per_cdmpp_member": seconds, "splits": {}}
+    for s in split_names:
+        y = tests[s].latency_s
+        res["splits"][s] = {"n_test": int(len(y)), "models": {}}
+        for m in model_names:
+            rows = sorted((d for d in done if d["split"] == s and d["model"] == m), key=lambda d: d["seed"])
+            L = np.log(np.maximum(np.array([d["pred"] for d in rows]), 1e-12))
+            mu, var = L.mean(0), L.var(0, ddof=1)
+            singles = [_score(np.exp(l), y) for l in L]
+            entry = {"train_s": [d["train_s"] for d in rows], "single_seed0": singles[0],
+                     "single_mean_over_seeds": {k: float(np.mean([x[k] for x in singles])) for k in singles[0]},
+                     "single_per_seed_mape_pct": [x["mape_pct"] for x in singles],
+                     "mean_log_var": float(var.mean())}
+            for shrink in (0.0, 1.0, 2.0):
+                entry[f"ensemble_shrink{shrink:g}"] = _score(np.exp(mu - shrink * var), y)
+            res["splits"][s]["models"][m] = entry
+            print(f"{s:8s} {m:12s} seeds {[round(x['mape_pct'], 1) for x in singles]}  "
+                  f"ens {entry['ensemble_shrink0']['mape_pct']:.1f}  shrink1 {entry['ensemble_shrink1']['mape_pct']:.1f} "
+                  f"(median APE {entry['ensemble_shrink1']['median_ape_pct']:.1f})", flush=True)
+    res["wall_s"] = time.perf_counter() - t_all
+    res["loadavg"] = list(os.getloadavg())
+    res["machine"] = machine_info()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

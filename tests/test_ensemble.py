@@ -1,0 +1,96 @@
+"""Ensembles of seeded latency models (predict/ensemble.py) on a slice of the real dataset."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from tensorplan.errors import TensorplanError  # noqa: E402
+from tensorplan.predict.baselines import TenSetXGB  # noqa: E402
+from tensorplan.predict.cdmpp import CDMPP, as_arrays, load_estimator  # noqa: E402
+from tensorplan.predict.ensemble import Ensemble  # noqa: E402
+from tensorplan.predict.evaluate import make_model  # noqa: E402
+from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
+
+
+def _bagged(seed: int) -> TenSetXGB:
+    return TenSetXGB(n_rounds=60, subsample=0.7, colsample=0.7, seed=seed)
+
+
+def test_ensemble_predicts_shrunk_geometric_mean(cdmpp_small, tmp_path):
+    tr, te = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
+    ens = Ensemble.of(_bagged, 3, seed=5, shrink=1.0)
+    assert [m.seed for m in ens.members] == [5, 6, 7]
+    with pytest.raises(TensorplanError):
+        ens.predict(te)
+    assert ens.fit(tr) is ens
+    logs = np.log(np.stack([m.predict(te) for m in ens.members]))
+    var = logs.var(0, ddof=1)
+    assert np.all(var >= 0) and var.max() > 0        # bagged members disagree somewhere
+    pred, spread = ens.predict_with_spread(te)
+    np.testing.assert_allclose(pred, np.exp(logs.mean(0) - var), rtol=1e-6)
+    np.testing.assert_allclose(spread, np.sqrt(var), rtol=1e-6)
+    np.testing.assert_allclose(ens.predict(te), pred)
+    # shrink 0 is the members' geometric mean; shrinking only ever lowers a prediction
+    plain = Ensemble(ens.members, shrink=0.0).predict(te)
+    np.testing.assert_allclose(plain, np.exp(logs.mean(0)), rtol=1e-6)
+    assert np.all(pred <= plain * (1 + 1e-9)) and np.any(pred < plain)
+    # save / load keeps members and shrink, through both loaders
+    path = ens.save(tmp_path / "ens.pt")
+    for loaded in (Ensemble.load(path), load_estimator(path)):
+        assert type(loaded) is Ensemble and loaded.shrink == 1.0 and len(loaded.members) == 3
+        np.testing.assert_allclose(loaded.predict(te), pred, rtol=1e-6)
+
+
+def test_ensemble_rejects_bad_input():
+    with pytest.raises(TensorplanError, match="at least 2 members"):
+        Ensemble.of(_bagged, 1)
+    with pytest.raises(TensorplanError, match="shrink"):
+        Ensemble([], shrink=-1.0)
+    with pytest.raises(TensorplanError, match="no members"):
+        Ensemble().fit(None)
+
+
+def test_ensemble_of_cdmpp_fine_tunes_every_member(cdmpp_small):
+    tr, tgt = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["target"])
+    ens = Ensemble.of(lambda s: CDMPP(epochs=3, batch_size=32, finetune_steps=5, seed=s), 2)
+    assert ens.adapts_by_finetune and not Ensemble.of(_bagged, 2).adapts_by_finetune
+    ens.fit(tr)
+    before = copy.deepcopy(ens)
+    ens.finetune(tgt.subset(np.arange(16)), base=tr)
+    for a, b in zip(before.members, ens.members):
+        assert not np.allclose(a.predict(tgt), b.predict(tgt))   # each member's head moved
+
+
+def test_harness_names_ensembles():
+    ens = make_model("xgboost-ens", quick=True, seed=2)
+    assert isinstance(ens, Ensemble) and len(ens.members) == 3
+    assert [(m.seed, m.subsample) for m in ens.members] == [(2, 0.7), (3, 0.7), (4, 0.7)]
+    ens5 = make_model("cdmpp-nocmd-ens5", quick=True)
+    assert len(ens5.members) == 5 and all(m.cmd_alpha == 0.0 for m in ens5.members)
+    with pytest.raises(TensorplanError, match="unknown model"):
+        make_model("nothing-ens", quick=True)
+
+
+@pytest.mark.slow
+def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
+    """`tensorplan train --members 2` saves an ensemble; `predict` with it gives each kernel a spread."""
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+    from tensorplan.predict.cdmpp import predict_network, train
+
+    model, info = train(cdmpp_small["ds"], out=tmp_path / "ens.pt", members=2, epochs=2, batch_size=64,
+                        max_cov=0.25)
+    assert isinstance(model, Ensemble) and info["members"] == 2 and len(info["epochs_run"]) == 2
+    assert [m.seed for m in model.members] == [0, 1] and info["val"]["n"] > 0
+    r = predict_network("tiny-mlp", device="local", weights=tmp_path / "ens.pt")
+    assert r["predictor"] == "Ensemble" and r["n_kernels"] >= 3
+    assert all(k["log_spread"] >= 0 and k["predicted_us"] > 0 for k in r["kernels"])
+    assert any(k["log_spread"] > 0 for k in r["kernels"])       # two seeds never agree exactly
+    out = CliRunner().invoke(app, ["predict", "tiny-mlp", "--weights", str(tmp_path / "ens.pt")])
+    assert out.exit_code == 0, out.output
+    assert "spread ×" in out.stdout
