@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -87,6 +88,7 @@ def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
                         max_cov=0.25)
     assert isinstance(model, Ensemble) and info["members"] == 2 and len(info["epochs_run"]) == 2
     assert [m.seed for m in model.members] == [0, 1] and info["val"]["n"] > 0
+    assert len(json.loads((tmp_path / "ens.norm.json").read_text())["members"]) == 2
     r = predict_network("tiny-mlp", device="local", weights=tmp_path / "ens.pt")
     assert r["predictor"] == "Ensemble" and r["n_kernels"] >= 3
     assert all(k["log_spread"] >= 0 and k["predicted_us"] > 0 for k in r["kernels"])

@@ -72,7 +72,7 @@ def test_kmeans_selection_covers_clusters(cdmpp_small):
 
 def test_evaluate_quick_all_metrics(cdmpp_small, tmp_path):
     ds = cdmpp_small["ds"]
-    res = evaluate(ds, models=("cdmpp", "xgboost", "roofline"), quick=True, fewshot_tasks=2,
+    res = evaluate(ds, models=("cdmpp", "xgboost", "roofline", "cdmpp-ens2"), quick=True, fewshot_tasks=2,
                    fewshot_per_task=4, max_cov=None)
     assert set(res["splits"]) == {"network", "device", "sample"}
     keys = {"mape_pct", "rmse_ms", "acc10_pct", "acc20_pct", "spearman_within_task"}
@@ -88,6 +88,9 @@ def test_evaluate_quick_all_metrics(cdmpp_small, tmp_path):
         for k in ("zero_shot", "fewshot_kmeans", "fewshot_random", "calibrated_kmeans", "calibrated_random"):
             assert keys <= set(m[k]), (name, k)
     assert dev["fewshot"]["kmeans"]["n_target_samples"] == dev["models"]["cdmpp"]["fewshot_kmeans"]["n_target_samples"]
+    # an ensemble of CDMPPs fine-tunes its members (it is not refitted) and is scored like the rest
+    assert set(dev["models"]) == {"cdmpp", "xgboost", "roofline", "cdmpp-ens2"}
+    assert dev["models"]["cdmpp-ens2"]["fewshot_kmeans"]["adapt_time_s"] < dev["models"]["cdmpp-ens2"]["train_time_s"]
     assert "network_mape_pct" in res["summary"] and "device_fewshot_kmeans_mape_pct" in res["summary"]
     assert "device_calibrated_kmeans_mape_pct" in res["summary"]
     json.dumps(res)  # JSON-able

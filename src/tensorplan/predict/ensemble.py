@@ -15,6 +15,8 @@ MAPE's unbounded over-prediction penalty bites.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -82,6 +84,15 @@ class Ensemble(Estimator):
         """(point prediction in seconds, members' standard deviation of log latency) per program."""
         mu, var = self.log_stats(records)
         return np.exp(mu - self.shrink * var), np.sqrt(var)
+
+    def save(self, path: str | Path) -> Path:
+        """Save all members in one file and, where members have them (CDMPP), their normalisers as
+        readable JSON next to it (`<name>.norm.json`, one entry per member)."""
+        path = super().save(path)
+        norms = [m.normalisers() for m in self.members if hasattr(m, "normalisers")]
+        if norms:
+            path.with_suffix(".norm.json").write_text(json.dumps({"members": norms}, indent=1))
+        return path
 
     def _state(self):
         self._need_members("save")
