@@ -13,6 +13,7 @@ help on unseen ones?" is answered on identical test records.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,18 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
     g["name"] = [str(names.get(k, ""))[:50] for k in g.index]
     g = g.sort_values("ape", ascending=False)
     res["top10_share_of_ape"] = float((g.ape * g.n).head(10).sum() / (g.ape * g.n).sum())
+    g["share"] = g.ape * g.n / (g.ape * g.n).sum()
+    res["top_tasks"] = [{"task": k, "name": r["name"], "n": int(r["n"]), "median_ratio": float(r["med_ratio"]),
+                         "lat_us": float(r["lat_us"]), "share_of_ape": float(r["share"])}
+                        for k, r in g.sort_values("share", ascending=False).head(10).iterrows()]
+    # bias per task family (the task name without its numbers, e.g. fused_conv2d_add_maximum_minimum
+    # = convolution + ReLU6): median over the family's records of log(predicted / measured)
+    fam = df.assign(family=[re.sub(r"\d+", "", str(names.get(k, ""))) for k in df.task],
+                    log_ratio=np.log(df.ratio))
+    fg = fam.groupby("family").agg(n=("log_ratio", "size"), tasks=("task", "nunique"),
+                                   median_log_ratio=("log_ratio", "median"))
+    res["families"] = {f: {"n": int(r.n), "tasks": int(r.tasks), "median_log_ratio": float(r.median_log_ratio)}
+                       for f, r in fg[fg.tasks >= 3].iterrows()}
     print(json.dumps(res))
     print(g.head(top).to_string())
     out.parent.mkdir(parents=True, exist_ok=True)
