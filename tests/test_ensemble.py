@@ -96,3 +96,16 @@ def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
     out = CliRunner().invoke(app, ["predict", "tiny-mlp", "--weights", str(tmp_path / "ens.pt")])
     assert out.exit_code == 0, out.output
     assert "spread ×" in out.stdout
+
+
+def test_shipped_weights_load_in_a_fresh_process():
+    """The packaged weights (an ensemble) load where nothing has imported ensemble.py yet."""
+    import subprocess
+    import sys
+
+    code = ("from tensorplan.predict.cdmpp import load_shipped; m = load_shipped(); "
+            "print(type(m).__name__, len(getattr(m, 'members', [m])))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    name, n = r.stdout.split()[-2:]
+    assert name in ("Ensemble", "CDMPP") and int(n) >= 1

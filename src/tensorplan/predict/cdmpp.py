@@ -356,7 +356,7 @@ def register(klass):
 
 def load_estimator(path: str | Path) -> Estimator:
     """Load any saved tensorplan estimator (CDMPP or a baseline)."""
-    from . import baselines, calibrate  # noqa: F401  (registers the baseline and calibrated classes)
+    from . import baselines, calibrate, ensemble  # noqa: F401  (registers the other estimator classes)
 
     return Estimator.load(path)
 
