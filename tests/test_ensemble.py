@@ -109,3 +109,19 @@ def test_shipped_weights_load_in_a_fresh_process():
     assert r.returncode == 0, r.stderr[-2000:]
     name, n = r.stdout.split()[-2:]
     assert name in ("Ensemble", "CDMPP") and int(n) >= 1
+
+
+def test_finetune_device_adapts_the_shipped_model(cdmpp_small, tmp_path):
+    """`tensorplan finetune --device` on the packaged weights (an ensemble of CDMPPs, or one CDMPP)."""
+    from tensorplan.predict.cdmpp import load_shipped
+    from tensorplan.predict.finetune import finetune_device
+
+    shipped = load_shipped()
+    info = finetune_device("local-1t", data=cdmpp_small["ds"], n_tasks=3, per_task=4, steps=5, max_cov=0.25,
+                           out=tmp_path / "ft.pt")
+    assert info["adapt"] == "finetune" and 0 < info["n_target_samples"] <= 12
+    assert np.isfinite(info["after"]["mape_pct"]) and info["n_eval"] > 0
+    tuned = load_estimator(info["path"])
+    assert type(tuned) is type(shipped)
+    test = as_arrays(cdmpp_small["target"])
+    assert not np.allclose(tuned.predict(test), shipped.predict(test))   # the weights moved
