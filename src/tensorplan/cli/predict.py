@@ -96,7 +96,9 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(_dump(r))
             return
-        t = Table(title=f"{r['model']} on {r['domain']} ({r['predictor']}): {r['total_ms']:.3f} ms predicted")
+        rng = (f" (members {min(r['member_total_ms']):.3f}–{max(r['member_total_ms']):.3f} ms)"
+               if r.get("member_total_ms") else "")
+        t = Table(title=f"{r['model']} on {r['domain']} ({r['predictor']}): {r['total_ms']:.3f} ms predicted{rng}")
         spread = all("log_spread" in k for k in r["kernels"])
         cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + [
             "× calls µs", "share"]

@@ -1026,6 +1026,10 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         if spread is not None:
             kernels[-1]["log_spread"] = float(spread[i])
     total = sum(k["total_us"] for k in kernels)
-    return {"model": name, "device": device, "domain": dom, "predictor": type(est).__name__,
-            "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
-            "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1}
+    out = {"model": name, "device": device, "domain": dom, "predictor": type(est).__name__,
+           "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
+           "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1}
+    if spread is not None:   # the whole model as each member alone predicts it: a range for the total
+        calls = np.array([k["calls"] for k in kernels], np.float64)
+        out["member_total_ms"] = [float(m.predict(arr) @ calls) * 1e3 for m in est.members]
+    return out
