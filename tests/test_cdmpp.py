@@ -135,6 +135,21 @@ def test_errors_are_clear(small):
         ProgramArrays.from_programs([np.zeros((0, 164), np.float32)], [np.zeros(0)], device="local-1t")
     with pytest.raises(TensorplanError, match="emb_norm"):
         CDMPP(emb_norm="group")
+    with pytest.raises(TensorplanError, match="cmd_layer"):
+        CDMPP(cmd_layer="x")
+
+
+@pytest.mark.parametrize("layer", ["r", "z"])
+def test_cmd_acts_on_the_chosen_layer(small, layer):
+    """CMD towards an unlabelled target is computed (and logged) on r or on z, and changes the model."""
+    tr, tgt = as_arrays(small["train"]), as_arrays(small["target"])
+    tgt.latency_s = None
+    kw = dict(epochs=3, batch_size=32, seed=0, cmd_layer=layer)
+    with_cmd = CDMPP(**kw).fit(tr, target=tgt)
+    without = CDMPP(**{**kw, "cmd_alpha": 0.0}).fit(tr, target=tgt)
+    assert with_cmd.history and all(h["cmd"] > 0 for h in with_cmd.history)
+    assert all(h["cmd"] == 0 for h in without.history)
+    assert not np.allclose(with_cmd.predict(tgt), without.predict(tgt))
 
 
 def test_boxcox_target_roundtrip_and_bounded(small):

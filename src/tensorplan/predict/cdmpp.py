@@ -543,8 +543,9 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
                                          nn.Tanh())
             self.head = nn.Linear(hidden, 1)
 
-        def embedding(self, x, pos, valid, dev):
-            """Returns r, the last hidden layer (used for CMD)."""
+        def embedding(self, x, pos, valid, dev, layer: str = "r"):
+            """Returns r, the last hidden layer (where CMD aligns domains), or with layer="z" the
+            program + device embedding that feeds the regressor."""
             vm = valid.unsqueeze(-1).to(x.dtype)
             cnt = vm.sum(1).clamp(min=1.0)
             flat = None
@@ -562,11 +563,13 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
                 pooled = torch.cat([pooled, flat], dim=1)
             z = self.mlp_emb(pooled)
             z = self.norm0(z) + self.norm0(self.mlp_dev(dev))
-            return self.mlp_reg(z)
+            return z if layer == "z" else self.mlp_reg(z)
 
-        def forward(self, x, pos, valid, dev):
-            r = self.embedding(x, pos, valid, dev)
-            return self.head(r).squeeze(-1), r
+        def forward(self, x, pos, valid, dev, layer: str = "r"):
+            """(normalised prediction, the `layer` embedding)."""
+            z = self.embedding(x, pos, valid, dev, layer="z")
+            r = self.mlp_reg(z)
+            return self.head(r).squeeze(-1), (z if layer == "z" else r)
 
     return CDMPPNet()
 
@@ -585,7 +588,7 @@ class CDMPP(Estimator):
                  lr: float = 1e-3, weight_decay: float = 1.307e-5, batch_size: int = 128,
                  epochs: int = 60, max_time_s: float | None = None, cycle_epochs: float = 10.0,
                  w_mse: float = 1.0, w_mape: float = 0.1, ape_cap: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
-                 cmd_batch: int = 256, grad_clip: float = 2.0, finetune_steps: int = 300,
+                 cmd_batch: int = 256, cmd_layer: str = "r", grad_clip: float = 2.0, finetune_steps: int = 300,
                  finetune_lr: float = 3e-4, finetune_scope: str = "head", seed: int = 0, threads: int | None = None,
                  verbose: bool = False):
         self.d_model, self.n_layers, self.n_heads, self.d_ff = d_model, n_layers, n_heads, d_ff
@@ -599,6 +602,10 @@ class CDMPP(Estimator):
         self.ape_cap = ape_cap
         self.w_mse, self.w_mape, self.cmd_alpha, self.cmd_k, self.cmd_batch = w_mse, w_mape, cmd_alpha, cmd_k, cmd_batch
         self.grad_clip, self.finetune_steps, self.finetune_lr = grad_clip, finetune_steps, finetune_lr
+        if cmd_layer not in ("r", "z"):
+            raise TensorplanError(f"cdmpp: cmd_layer must be 'r' (last hidden layer) or 'z' (program embedding), "
+                                  f"got {cmd_layer!r}")
+        self.cmd_layer = cmd_layer
         self.finetune_scope = finetune_scope
         self.seed, self.threads, self.verbose = seed, threads, verbose
         self.net = None
@@ -731,14 +738,14 @@ class CDMPP(Estimator):
                 idx = batches.pop()
             net.train()
             x, p, v, d = self._tensors(tr, idx)
-            pred, r = net(x, p, v, d)
+            pred, r = net(x, p, v, d, self.cmd_layer)
             it = torch.from_numpy(idx)
             loss = self._loss(pred, y_norm_all[it], y_s_all[it])
             dval = 0.0
             if use_cmd:
                 tidx = rng.choice(len(target), size=min(self.cmd_batch, len(target)), replace=False)
                 xt, pt, vt, dt = self._tensors(target, tidx)
-                _, rt = net(xt, pt, vt, dt)
+                _, rt = net(xt, pt, vt, dt, self.cmd_layer)
                 dist = cmd(r, rt, self.cmd_k)
                 loss = loss + self.cmd_alpha * dist
                 dval = float(dist.detach())
