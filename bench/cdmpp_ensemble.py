@@ -9,7 +9,8 @@ single model), the mean over members of their own scores, the ensemble's geometr
 default) and 2. Members train two at a time in separate processes (one torch thread each).
 
 Usage: python bench/cdmpp_ensemble.py [--members 3] [--seconds 150] [--splits network,sample]
-Writes bench/results/cdmpp_ensemble.json (with the machine description).
+Writes bench/results/cdmpp_ensemble.json (with the machine description), the members' log
+predictions as .npz and a predicted-vs-measured scatter coloured by the spread as .png.
 """
 from __future__ import annotations
 
@@ -66,6 +67,39 @@ def _score(pred: np.ndarray, y: np.ndarray) -> dict:
     return {k: m[k] for k in ("mape_pct", "median_ape_pct", "acc10_pct", "acc20_pct", "mean_abs_log_ratio")}
 
 
+def _spread_vs_error(spread: np.ndarray, abs_log_err: np.ndarray) -> dict:
+    """Does the members' disagreement flag the programs the ensemble gets wrong?"""
+    from scipy.stats import spearmanr
+
+    q = np.quantile(spread, [0.2, 0.8])
+    return {"spearman": float(spearmanr(spread, abs_log_err).statistic),
+            "mean_abs_log_err_low_quintile": float(abs_log_err[spread <= q[0]].mean()),
+            "mean_abs_log_err_high_quintile": float(abs_log_err[spread >= q[1]].mean())}
+
+
+def _plot(arrays: dict, splits: list[str], models: list[str], path: Path) -> None:
+    """Predicted (ensemble geometric mean) vs measured, log-log, coloured by the members' spread."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(splits), len(models), figsize=(4.2 * len(models), 4 * len(splits)), squeeze=False)
+    for i, s in enumerate(splits):
+        y = arrays[f"{s}/latency_s"] * 1e6
+        for j, m in enumerate(models):
+            L = arrays[f"{s}/{m}"]
+            pred, spread = np.exp(L.mean(0)) * 1e6, L.std(0, ddof=1)
+            ax = axes[i, j]
+            sc = ax.scatter(y, pred, c=spread, s=2, cmap="viridis", vmin=0, vmax=np.quantile(spread, 0.99))
+            lo, hi = min(y.min(), pred.min()), max(y.max(), pred.max())
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+            ax.set(xscale="log", yscale="log", xlabel="measured µs", ylabel="predicted µs", title=f"{s}: {m}")
+            fig.colorbar(sc, ax=ax, label="spread (std of log)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main(members: int = typer.Option(3, "--members"),
          seconds: float = typer.Option(150.0, "--seconds", help="Training budget per CDMPP member."),
          splits: str = typer.Option("network,sample", "--splits"),
@@ -87,8 +121,10 @@ def main(members: int = typer.Option(3, "--members"),
     res: dict = {"command": f"python bench/cdmpp_ensemble.py --members {members} --seconds {seconds:g} "
                             f"--splits {splits} --models {models}",
                  "holdout": holdout, "members": members, "seconds_per_cdmpp_member": seconds, "splits": {}}
+    arrays: dict[str, np.ndarray] = {}
     for s in split_names:
         y = tests[s].latency_s
+        arrays[f"{s}/latency_s"] = y
         res["splits"][s] = {"n_test": int(len(y)), "models": {}}
         for m in model_names:
             rows = sorted((d for d in done if d["split"] == s and d["model"] == m), key=lambda d: d["seed"])
@@ -101,6 +137,8 @@ def main(members: int = typer.Option(3, "--members"),
                      "mean_log_var": float(var.mean())}
             for shrink in (0.0, 1.0, 2.0):
                 entry[f"ensemble_shrink{shrink:g}"] = _score(np.exp(mu - shrink * var), y)
+            entry["spread_vs_error"] = _spread_vs_error(np.sqrt(var), np.abs(mu - np.log(y)))
+            arrays[f"{s}/{m}"] = L.astype(np.float32)
             res["splits"][s]["models"][m] = entry
             print(f"{s:8s} {m:12s} seeds {[round(x['mape_pct'], 1) for x in singles]}  "
                   f"ens {entry['ensemble_shrink0']['mape_pct']:.1f}  shrink1 {entry['ensemble_shrink1']['mape_pct']:.1f} "
@@ -110,7 +148,9 @@ def main(members: int = typer.Option(3, "--members"),
     res["machine"] = machine_info()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
-    print(f"wrote {out}")
+    np.savez_compressed(out.with_suffix(".npz"), **arrays)   # members' log predictions + measured, per split
+    _plot(arrays, split_names, model_names, out.with_suffix(".png"))
+    print(f"wrote {out}, {out.with_suffix('.npz')}, {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
