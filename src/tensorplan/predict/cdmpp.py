@@ -1023,7 +1023,8 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
                                       task_key=[t.key for t in tasks])
     # an ensemble also says how much its members disagree (std of log latency) per kernel
-    pred, spread = est.predict_with_spread(arr) if hasattr(est, "predict_with_spread") else (est.predict(arr), None)
+    logs = est.member_log_predictions(arr) if hasattr(est, "member_log_predictions") else None
+    pred, spread = est.from_logs(logs) if logs is not None else (est.predict(arr), None)
     t2 = time.perf_counter()
     kernels = []
     for i, (t, a, h, s) in enumerate(zip(tasks, asts, how, pred)):
@@ -1036,7 +1037,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     out = {"model": name, "device": device, "domain": dom, "predictor": type(est).__name__,
            "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
            "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1}
-    if spread is not None:   # the whole model as each member alone predicts it: a range for the total
+    if logs is not None:   # the whole model as each member alone predicts it: a range for the total
         calls = np.array([k["calls"] for k in kernels], np.float64)
-        out["member_total_ms"] = [float(m.predict(arr) @ calls) * 1e3 for m in est.members]
+        out["member_total_ms"] = (np.exp(logs) @ calls * 1e3).tolist()
     return out

@@ -69,21 +69,28 @@ class Ensemble(Estimator):
             m.finetune(data, base=base, **kw)
         return self
 
-    def log_stats(self, records) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and variance (over members, ddof 1) of the log predicted latency, per program."""
+    def member_log_predictions(self, records) -> np.ndarray:
+        """[K, N]: each member's log predicted latency (seconds) per program."""
         self._need_members("predict")
         arr = as_arrays(records)
-        logs = np.stack([np.log(np.maximum(m.predict(arr), 1e-12)) for m in self.members])
+        return np.stack([np.log(np.maximum(m.predict(arr), 1e-12)) for m in self.members])
+
+    def from_logs(self, logs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(point prediction in seconds, members' std of log latency) from `member_log_predictions`."""
+        var = logs.var(0, ddof=1)
+        return np.exp(logs.mean(0) - self.shrink * var), np.sqrt(var)
+
+    def log_stats(self, records) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance (over members, ddof 1) of the log predicted latency, per program."""
+        logs = self.member_log_predictions(records)
         return logs.mean(0), logs.var(0, ddof=1)
 
     def predict(self, records) -> np.ndarray:
-        mu, var = self.log_stats(records)
-        return np.exp(mu - self.shrink * var)
+        return self.from_logs(self.member_log_predictions(records))[0]
 
     def predict_with_spread(self, records) -> tuple[np.ndarray, np.ndarray]:
         """(point prediction in seconds, members' standard deviation of log latency) per program."""
-        mu, var = self.log_stats(records)
-        return np.exp(mu - self.shrink * var), np.sqrt(var)
+        return self.from_logs(self.member_log_predictions(records))
 
     def save(self, path: str | Path) -> Path:
         """Save all members in one file and, where members have them (CDMPP), their normalisers as
