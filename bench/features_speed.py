@@ -4,7 +4,8 @@ Measures, interleaved over `--rounds` rounds (median reported, machine load reco
   lower      TVM lowering pipeline only (tensorplan.predict.features.lower_for_features)
   walk       our Python walk (tree + 164-d leaves) on pre-lowered TIR
   compact    compact_ast() per program = lower + walk
-  many       featurize_many() (batched lowering)
+  many       featurize_many() (batched lowering), one process
+  many_par   featurize_many(workers=all CPUs): batches in forked processes
   tvm_pst    TVM's C++ meta_schedule PerStoreFeature (its own lowering + features, no tree);
              a hybrid "C++ leaves + Python tree" path would cost at least tvm_pst + lower + a tree walk.
 
@@ -73,13 +74,16 @@ def main() -> None:
     F.tvm_per_store_feature(schs[0])       # warm: TuneContext import
     F.compact_ast(mods[0])
 
-    res: dict[str, list[float]] = {k: [] for k in ("lower", "walk", "compact", "many", "tvm_pst")}
+    from tensorplan.forkmap import default_workers
+    workers = default_workers()
+    res: dict[str, list[float]] = {k: [] for k in ("lower", "walk", "compact", "many", "many_par", "tvm_pst")}
     leaves = []
     for _ in range(a.rounds):
         t = time.perf_counter(); low = [F.lower_for_features(m) for m in mods]; res["lower"].append(n / (time.perf_counter() - t))
         t = time.perf_counter(); out = [F.compact_ast(x, lowered=True) for x in low]; res["walk"].append(n / (time.perf_counter() - t))
         t = time.perf_counter(); [F.compact_ast(m) for m in mods]; res["compact"].append(n / (time.perf_counter() - t))
         t = time.perf_counter(); F.featurize_many(mods); res["many"].append(n / (time.perf_counter() - t))
+        t = time.perf_counter(); F.featurize_many(mods, workers=workers, batch=32); res["many_par"].append(n / (time.perf_counter() - t))
         t = time.perf_counter(); [F.tvm_per_store_feature(s) for s in schs]; res["tvm_pst"].append(n / (time.perf_counter() - t))
         leaves = [o.n_leaves for o in out]
     summary = {k: {"median_programs_per_s": statistics.median(v), "all": v} for k, v in res.items()}
@@ -105,7 +109,7 @@ def main() -> None:
         "bench": "features_speed", "programs": n, "rounds": a.rounds,
         "leaves_per_program_median": statistics.median(leaves) if leaves else 0,
         "results": summary, "crosscheck_vs_tvm_per_store_feature": xc,
-        "replay_ms_per_program": replay_ms, "lowering_passes": passes,
+        "workers": workers, "replay_ms_per_program": replay_ms, "lowering_passes": passes,
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "python": platform.python_version()},
         "created": time.time(),

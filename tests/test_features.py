@@ -10,6 +10,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import s_tir, te  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
+from tensorplan.errors import TensorplanError  # noqa: E402
 from tensorplan.predict import features as F  # noqa: E402
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
@@ -139,13 +140,25 @@ def test_first_init_store_has_no_serial_reuse():
 
 
 def test_featurize_many_equals_compact_ast():
-    schs = _samples(_softmax(), 4, seed0=50)
+    schs = _samples(_softmax(), 4, seed0=50) + _samples(_matmul_relu(), 3, seed0=60)
     many = F.featurize_many([s.mod for s in schs])
-    for sch, a in zip(schs, many):
+    forked = F.featurize_many([s.mod for s in schs], workers=2, batch=2)    # 4 batches over 2 processes
+    assert len(many) == len(forked) == len(schs)
+    for sch, a, c in zip(schs, many, forked):
         b = F.compact_ast(sch)
-        np.testing.assert_array_equal(a.preorder, b.preorder)
-        np.testing.assert_array_equal(a.positions, b.positions)
-        np.testing.assert_allclose(a.leaf_features, b.leaf_features)
+        for x in (a, c):
+            np.testing.assert_array_equal(x.preorder, b.preorder)
+            np.testing.assert_array_equal(x.positions, b.positions)
+            np.testing.assert_allclose(x.leaf_features, b.leaf_features)
+            assert x.leaf_buffers == b.leaf_buffers
+
+
+def test_featurize_many_names_the_bad_program_from_a_worker():
+    good = _samples(_softmax(), 2, seed0=50)
+    import tvm
+    two = tvm.IRModule({"a": good[0].mod["main"], "b": good[1].mod["main"]})
+    with pytest.raises(TensorplanError, match="program 3 has 2 PrimFuncs"):
+        F.featurize_many([good[0].mod, good[1].mod, good[0].mod, two], workers=2, batch=1)
 
 
 def test_scheduling_changes_features_and_tree():
@@ -161,6 +174,5 @@ def test_scheduling_changes_features_and_tree():
 
 
 def test_bad_input_is_a_clear_error():
-    from tensorplan.errors import TensorplanError
     with pytest.raises(TensorplanError, match="PrimFunc"):
         F.compact_ast("not a program")

@@ -82,13 +82,15 @@ def remeasure(store: Optional[Path] = _STORE_OPT,
 @dataset_app.command("export")
 def export(store: Optional[Path] = _STORE_OPT,
            out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: the repo's data/cdmpp/)."),
+           workers: Optional[int] = typer.Option(None, "--workers", min=1,
+                                                 help="Processes replaying and featurising programs (default: every CPU)."),
            json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Featurise every stored program and write the compact dataset (parquet + float16 npz)."""
     from ..errors import StoreError
     from ..predict.dataset import export as _export
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
-    r = _export(store, out)
+    r = _export(store, out, workers=workers)
     if json_out:
         print(json.dumps(r, indent=1))
     else:

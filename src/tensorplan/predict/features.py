@@ -807,28 +807,39 @@ def compact_ast(prog: Any, *, lowered: bool = False, is_gpu: bool = False) -> Co
     return w.finish()
 
 
-def featurize_many(progs: Iterable[Any], *, is_gpu: bool = False) -> list[CompactAST]:
-    """Featurise many programs; lowers them in batches of one IRModule to amortise pass overhead."""
-    import tvm
+def featurize_many(progs: Iterable[Any], *, is_gpu: bool = False, workers: int | None = 1,
+                   batch: int = 64) -> list[CompactAST]:
+    """Featurise many programs, equal to `compact_ast` on each.
+
+    Lowers them in batches of one IRModule (amortises pass overhead); `workers` > 1 (None: every
+    CPU) featurises batches in forked processes, which inherit the programs, so nothing is pickled
+    on the way out.
+    """
+    from ..forkmap import fork_map
     progs = list(progs)
-    out: list[CompactAST] = []
+
+    def job(a: int, b: int) -> list[CompactAST]:
+        return _featurize_batch(progs[a:b], a, is_gpu)
+    return fork_map(job, len(progs), workers=workers, chunk=batch)
+
+
+def _featurize_batch(chunk: list, first: int, is_gpu: bool) -> list[CompactAST]:
+    import tvm
     T = _types()
-    batch = 64
-    for s in range(0, len(progs), batch):
-        chunk = progs[s:s + batch]
-        funcs = {}
-        for k, p in enumerate(chunk):
-            m = _as_module(p)
-            fs = [f for _, f in m.functions.items() if hasattr(f, "body")]
-            if len(fs) != 1:
-                from ..errors import TensorplanError
-                raise TensorplanError(f"featurize_many: program {s + k} has {len(fs)} PrimFuncs, expected 1")
-            funcs[f"f{k}"] = fs[0].with_attr("global_symbol", f"f{k}")
-        low = _pipeline(is_gpu)(tvm.IRModule(funcs))
-        for k in range(len(chunk)):
-            w = _Walker(T, is_gpu=is_gpu)
-            w.run(low[f"f{k}"])
-            out.append(w.finish())
+    funcs = {}
+    for k, p in enumerate(chunk):
+        m = _as_module(p)
+        fs = [f for _, f in m.functions.items() if hasattr(f, "body")]
+        if len(fs) != 1:
+            from ..errors import TensorplanError
+            raise TensorplanError(f"featurize_many: program {first + k} has {len(fs)} PrimFuncs, expected 1")
+        funcs[f"f{k}"] = fs[0].with_attr("global_symbol", f"f{k}")
+    low = _pipeline(is_gpu)(tvm.IRModule(funcs))
+    out = []
+    for k in range(len(chunk)):
+        w = _Walker(T, is_gpu=is_gpu)
+        w.run(low[f"f{k}"])
+        out.append(w.finish())
     return out
 
 
