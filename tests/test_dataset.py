@@ -168,7 +168,12 @@ def test_committed_dataset_is_consistent():
     ds = _committed_or_skip()
     s = ds.stats()
     assert s["n_networks"] >= 8 and s["tasks_total"] >= 200
-    assert set(s["devices"]) == {"local-1t", "local-2t"}
+    assert {"local-1t", "local-2t"} <= set(s["devices"])
+    # every domain carries the spec of the machine that measured it, and different CPUs have different keys
+    specs = {n: d["spec"] for n, d in ds.devices.items()}
+    assert set(specs) == set(s["devices"]) and all(specs.values())
+    keys = {n: d["key"] for n, d in ds.devices.items()}
+    assert len(set(keys.values())) == len(keys)
     r = ds.records
     assert (r["latency_s"] > 0).all() and np.isfinite(r["cov"]).all()
     assert all(ds.leaves[i].shape[1] == 164 for i in range(0, len(r), max(1, len(r) // 50)))
@@ -177,3 +182,48 @@ def test_committed_dataset_is_consistent():
     for i in rng.choice(len(r), size=3, replace=False):
         sch = D.record_schedule(ds, int(i))
         np.testing.assert_allclose(F.compact_ast(sch).leaf_features, ds.leaves[int(i)], rtol=2e-3, atol=2e-2)
+
+
+def test_measure_device_merges_a_new_domain(tmp_path):
+    """Dataset programs re-timed on this machine become new domains <prefix>-Nt with their own
+    recorded spec; the run resumes; merging twice does not duplicate; features come from the record."""
+    import shutil
+    from tensorplan.devices import DeviceSpec
+    from tensorplan.predict.cdmpp import as_arrays, device_features
+    src = D.default_data_dir()
+    if not (src / "records.parquet").exists():
+        pytest.skip("committed dataset not available")
+    data = tmp_path / "data"
+    shutil.copytree(src, data)
+    store = tmp_path / "dev.sqlite"
+    code = ("import json; from tensorplan.predict import dataset as D; "
+            f"st = D.measure_device('testcpu', data={str(data)!r}, store={str(store)!r}, programs_per_task=1, "
+            "budget_minutes=0.1, progress=False, log=lambda s: None); print(json.dumps(st.to_dict()))")
+    run = lambda: json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,  # noqa: E731
+                                            text=True, timeout=600).stdout.strip().splitlines()[-1])
+    first = run()
+    assert first["programs"] >= 3 and first["records"] == 2 * first["programs"]
+    second = run()
+    assert second["skipped_done"] >= first["programs"] + first["too_slow"]          # resumed
+    info = D.merge_device("testcpu", data=data, store=store, log=lambda s: None)
+    again = D.merge_device("testcpu", data=data, store=store, log=lambda s: None)
+    assert info["records"] == again["records"]                                      # replaced, not appended twice
+    ds = D.load_dataset(data)
+    new = ds.records[ds.records["device"].str.startswith("testcpu-")]
+    assert set(new["device"]) == {"testcpu-1t", "testcpu-2t"}
+    assert len(new) == 2 * (first["programs"] + second["programs"])
+    # the same programs as the committed records: their features are shared, only latencies are new
+    old = ds.records[ds.records["device"] == "local-1t"].set_index("prog_idx")
+    assert set(new["prog_idx"]) <= set(old.index)
+    assert (new["latency_s"] > 0).all()
+    spec = DeviceSpec.from_dict(ds.devices["testcpu-1t"]["spec"])
+    assert spec.name == "testcpu-1t" and spec.threads == 1 and spec.measured
+    # a recorded domain is described by its recorded spec, whatever machine runs this
+    rec = ds.devices["local-1t"]["spec"]
+    np.testing.assert_allclose(device_features("local-1t", ds.devices),
+                               DeviceSpec.from_dict(rec).feature_vector(), rtol=1e-6)
+    sub = ds.subset(np.flatnonzero(ds.records["device"].to_numpy() == "testcpu-2t"))
+    arr = as_arrays(sub)
+    np.testing.assert_allclose(arr.device[0], device_features("testcpu-2t", ds.devices), rtol=1e-6)
+    with pytest.raises(Exception, match="measure-device"):
+        D.merge_device("nothere", data=data, store=store, log=lambda s: None)

@@ -1,4 +1,4 @@
-"""`tensorplan dataset collect|stats|export`: the CDMPP tensor-program dataset."""
+"""`tensorplan dataset collect|remeasure|measure-device|export|stats`: the CDMPP tensor-program dataset."""
 from __future__ import annotations
 
 import json
@@ -77,6 +77,53 @@ def remeasure(store: Optional[Path] = _STORE_OPT,
     d = _remeasure(store, threads=ths, budget_minutes=budget_minutes, measured_before=before).to_dict()
     print(json.dumps(d, indent=1) if json_out else
           f"re-timed {d['programs']} programs ({d['records_per_s']:.2f} records/s), {d['too_slow']} skipped")
+
+
+@dataset_app.command("measure-device")
+def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of this machine's domains: records "
+                                              "become <prefix>-<N>t, e.g. zen4 -> zen4-1t, zen4-2t."),
+                   data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: the committed data/cdmpp/)."),
+                   store: Optional[Path] = _STORE_OPT,
+                   threads: str = typer.Option("1,2", "--threads", help="Thread counts; each is a device domain <prefix>-<N>t."),
+                   programs_per_task: int = typer.Option(8, "--programs-per-task", help="Dataset programs re-timed per task."),
+                   budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
+                   merge: bool = typer.Option(True, "--merge/--no-merge", help="Add the records to the dataset when done."),
+                   json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+                   no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
+    """Time the dataset's programs on this machine as a new device domain (same schedules and
+    features, new latencies); resumable. For cross-device evaluation and few-shot fine-tuning."""
+    from ..errors import TensorplanError
+    try:
+        ths = [int(t) for t in threads.split(",") if t.strip()]
+    except ValueError:
+        raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
+    os.environ["TVM_NUM_THREADS"] = str(max(ths))   # before TVM's runtime pool exists
+    from ..predict.dataset import measure_device as _measure, merge_device as _merge
+    d = _measure(prefix, data=data, store=store, threads=ths, programs_per_task=programs_per_task,
+                 budget_minutes=budget_minutes, progress=not no_progress).to_dict()
+    if merge:
+        d["merge"] = _merge(prefix, data=data, store=store)
+    if json_out:
+        print(json.dumps(d, indent=1))
+    else:
+        Console().print(f"timed {d['programs']} programs, {d['records']} records in {d['seconds']:.0f} s "
+                        f"({d['records_per_s']:.2f} records/s); failed/too slow {d['failed_build']}/{d['too_slow']}"
+                        + (f"; merged into {d['merge']['dir']} ({d['merge']['records']} records)" if merge else ""))
+
+
+@dataset_app.command("merge-device")
+def merge_device(prefix: str = typer.Option(..., "--prefix", help="Domains <prefix>-<N>t measured by measure-device."),
+                 data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: the committed data/cdmpp/)."),
+                 store: Optional[Path] = _STORE_OPT,
+                 json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Add the records of a (possibly interrupted) measure-device run to the dataset."""
+    from ..errors import StoreError
+    from ..predict.dataset import merge_device as _merge
+    if store is not None and not store.exists():
+        raise StoreError(f"store '{store}' does not exist; pass the --store measure-device wrote to")
+    r = _merge(prefix, data=data, store=store)
+    print(json.dumps(r, indent=1) if json_out else f"{r['records_added']} records of {', '.join(r['devices'])} "
+          f"-> {r['dir']} ({r['records']} records)")
 
 
 @dataset_app.command("export")

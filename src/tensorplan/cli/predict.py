@@ -125,6 +125,9 @@ def register(app: typer.Typer) -> None:
         splits: str = typer.Option("network,device,sample", "--splits", help="Comma-separated splits."),
         quick: bool = typer.Option(False, "--quick", help="Tiny epochs (smoke test, numbers meaningless)."),
         holdout: Optional[str] = typer.Option(None, "--holdout", help="Comma-separated held-out networks."),
+        source: str = typer.Option("local-2t", "--source", help="Device split: domain the models train on."),
+        target: str = typer.Option("local-1t", "--target", help="Device split: held-out domain (few-shot target), "
+                                   "e.g. zen4-1t from `tensorplan dataset measure-device`."),
         fewshot_tasks: Optional[int] = typer.Option(None, "--fewshot-tasks", help="Tasks selected for few-shot."),
         per_task: int = typer.Option(8, "--per-task", help="Programs per selected task."),
         time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply every model's training budget."),
@@ -137,6 +140,7 @@ def register(app: typer.Typer) -> None:
 
         res = evaluate(data, models=models.split(","), splits=splits.split(","), quick=quick,
                        holdout_networks=holdout.split(",") if holdout else None, fewshot_tasks=fewshot_tasks,
+                       source_device=source, target_device=target,
                        fewshot_per_task=per_task, time_scale=time_scale, max_cov=max_spread,
                        stability=stability, log=_log)
         if out:

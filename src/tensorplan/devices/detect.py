@@ -110,6 +110,10 @@ def cpu_info() -> dict[str, Any]:
     model = first.get("model name") or first.get("Hardware") or platform.processor() or platform.machine()
     if "model name" not in first and "CPU part" in first:
         model = f"{platform.machine()} CPU part {first['CPU part']}"
+    if "cpu family" in first and "model" in first:
+        # VMs often show a bare "AMD EPYC": family/model tell Zen 4 (25/17) from Zen 5 (26/2), so
+        # two microarchitectures never share a device key (and a measured record's domain)
+        model = f"{model} (family {first['cpu family']}, model {first['model']})"
     src["model"] = "/proc/cpuinfo"
     vendor_id = first.get("vendor_id", "")
     vendor = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}.get(vendor_id, vendor_id)

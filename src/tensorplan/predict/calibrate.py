@@ -47,8 +47,12 @@ class Calibrated(Estimator):
     name = "calibrated"
 
     def __init__(self, base: Estimator | None = None, source: str = "local-2t", max_depth: int = 2,
-                 n_rounds: int = 100, eta: float = 0.1, min_child_weight: float = 3.0, seed: int = 0):
+                 n_rounds: int = 100, eta: float = 0.1, min_child_weight: float = 3.0, seed: int = 0,
+                 source_features: list[float] | None = None):
+        """`source_features`: the source domain's device vector as recorded with its data
+        (`cdmpp.device_features(source, dataset.devices)`); default: resolve `source` here."""
         self.base, self.source = base, source
+        self.source_features = None if source_features is None else [float(x) for x in source_features]
         self.max_depth, self.n_rounds, self.eta, self.min_child_weight, self.seed = (
             max_depth, n_rounds, eta, min_child_weight, seed)
         self.booster = None
@@ -62,7 +66,9 @@ class Calibrated(Estimator):
     def _source_pred(self, arr: ProgramArrays) -> np.ndarray:
         if self.base is None:
             raise TensorplanError("calibrated: no base model")
-        dev = np.repeat(device_features(self.source)[None], len(arr), axis=0)
+        vec = (np.asarray(self.source_features, np.float32) if self.source_features is not None
+               else device_features(self.source))
+        dev = np.repeat(vec[None], len(arr), axis=0)
         return self.base.predict(dataclasses.replace(arr, device=dev))   # shares the leaf arrays
 
     def fit(self, train, val=None, target=None) -> "Calibrated":

@@ -48,12 +48,28 @@ SHIPPED_MODEL = WEIGHTS_DIR / "cdmpp-local.pt"
 # Data view shared by all estimators
 # --------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=64)
-def device_features(name: str) -> np.ndarray:
+def device_features(name: str, specs: "dict | None" = None) -> np.ndarray:
     """Numeric device vector for domain `name` (`DeviceSpec.feature_vector()`, already log-scaled).
 
-    Used as is, without a fitted scaler: with one training device a fitted scaler would be degenerate.
+    `specs`: a dataset's recorded devices ({name: {"spec": DeviceSpec dict}}, `Dataset.devices`);
+    a domain recorded there is described by the machine that measured it, not by whatever machine
+    runs this code (`local-1t` of the committed dataset is the CPU it was collected on). Other
+    names resolve through `tensorplan.devices.resolve`. Used as is, without a fitted scaler: with
+    one training device a fitted scaler would be degenerate.
     """
+    from ..devices import DeviceSpec
+
+    rec = (specs or {}).get(name) or {}
+    if not rec.get("spec"):
+        return _resolved_features(name)
+    try:
+        return np.asarray(DeviceSpec.from_dict(rec["spec"]).feature_vector(), dtype=np.float32)
+    except Exception as e:  # noqa: BLE001 - a damaged meta.json
+        raise TensorplanError(f"device '{name}': its recorded spec cannot be read ({e}); re-export the dataset") from e
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved_features(name: str) -> np.ndarray:
     from ..devices import resolve  # devices sits below predict in the layering
 
     try:
@@ -154,21 +170,23 @@ class ProgramArrays:
     def from_programs(cls, leaves: Sequence[np.ndarray], positions: Sequence[np.ndarray],
                       device: str | Sequence[str], task_key: Sequence[str] | None = None,
                       latency_s: Sequence[float] | None = None, flops: Sequence[float] | None = None,
-                      trace: Sequence | None = None) -> "ProgramArrays":
-        """Build from per-program leaf matrices (e.g. `features.compact_ast(f).leaf_features`)."""
+                      trace: Sequence | None = None, specs: dict | None = None) -> "ProgramArrays":
+        """Build from per-program leaf matrices (e.g. `features.compact_ast(f).leaf_features`);
+        `specs`: recorded device specs by name (see `device_features`)."""
         N = len(leaves)
         names = np.array([device] * N if isinstance(device, str) else list(device), dtype=object)
         for i, lf in enumerate(leaves):
             if lf.ndim != 2 or lf.shape[1] != LEAF_DIM or lf.shape[0] == 0:
                 raise TensorplanError(f"program {i}: leaf features must be [n>=1, {LEAF_DIM}], got {lf.shape}")
         n = np.array([len(lf) for lf in leaves], dtype=np.int64)
+        vec = {d: device_features(d, specs) for d in set(names.tolist())}
         return cls(
             leaf_data=np.concatenate([np.asarray(lf, np.float32) for lf in leaves]) if N else
             np.zeros((0, LEAF_DIM), np.float32),
             pos_data=np.concatenate([np.asarray(p, np.int64).reshape(-1) for p in positions]) if N else
             np.zeros(0, np.int64),
             offsets=np.concatenate([[0], np.cumsum(n)]).astype(np.int64),
-            device=np.stack([device_features(d) for d in names]) if N else np.zeros((0, 1), np.float32),
+            device=np.stack([vec[d] for d in names]) if N else np.zeros((0, 1), np.float32),
             device_name=names,
             task_key=np.array(list(task_key) if task_key is not None else [""] * N, dtype=object),
             latency_s=None if latency_s is None else np.asarray(latency_s, np.float64),
@@ -195,7 +213,7 @@ def as_arrays(data: Any) -> ProgramArrays:
         list(data.leaves), list(data.positions), device=list(recs[dev_col]),
         task_key=list(recs["task_key"]), latency_s=lat,
         flops=recs["flops"].to_numpy(np.float64) if "flops" in cols else None,
-        trace=list(recs["trace"]) if "trace" in cols else None)
+        trace=list(recs["trace"]) if "trace" in cols else None, specs=getattr(data, "devices", None))
     if "record_id" in cols:
         arr.record_id = recs["record_id"].to_numpy()
     if "task_io" in cols:

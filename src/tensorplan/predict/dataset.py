@@ -524,6 +524,168 @@ def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minu
     return stats
 
 
+def device_programs(data: str | Path | None = None, programs_per_task: int = 8, seed: int = 0) -> list[dict]:
+    """Programs of the committed dataset to re-time on another device: up to `programs_per_task`
+    per task (seeded choice), ordered round-robin over tasks so a run stopped early still covers
+    every task evenly."""
+    import pyarrow.parquet as pq
+    d = Path(data) if data else default_data_dir()
+    prog = pq.read_table(d / "programs.parquet").to_pandas()
+    rng = np.random.default_rng(seed)
+    queues = []
+    for _, g in sorted(prog.groupby("task_key"), key=lambda kv: kv[0]):
+        rows = g.iloc[rng.permutation(len(g))[:programs_per_task]]
+        queues.append([{"prog_key": r.prog_key, "task_key": r.task_key, "index": int(r.index),
+                        "space": int(r.space), "seed": int(r.seed), "trace": r.trace} for r in rows.itertuples()])
+    order = []
+    for k in range(max((len(q) for q in queues), default=0)):
+        order.extend(q[k] for q in queues if k < len(q))
+    return order
+
+
+def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = None,
+                   threads: Sequence[int] = (1, 2), programs_per_task: int = 8, seed: int = 0,
+                   budget_minutes: float | None = None, max_kernel_s: float = 0.1, min_repeat_s: float = 2e-5,
+                   repeats: int = 15, progress: bool = True,
+                   log: Callable[[str], None] | None = None) -> CollectStats:
+    """Time programs of the committed dataset on *this* machine as new device domains
+    `{prefix}-{t}t` (e.g. another CPU than the one the dataset was collected on).
+
+    The programs keep their features (same schedules), so only latencies are new; `merge_device`
+    adds them to the dataset. Measurements go into `store` with the program marked done in the
+    same transaction: a killed run resumes where it stopped.
+    """
+    import dataclasses
+    threads = sorted({int(t) for t in threads})
+    if not prefix or not prefix.replace("-", "").isalnum() or prefix.startswith("local"):
+        raise TensorplanError(f"measure-device: prefix {prefix!r} must be a short name such as 'zen4' "
+                              "(letters, digits, '-'; not 'local', which names the dataset's own domains)")
+    _init_pool(max(threads))
+    import tvm
+    from ..devices import resolve
+    from ..measure.store import Store
+    from .tasks import task_from_script
+    import pyarrow.parquet as pq
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    d = Path(data) if data else default_data_dir()
+    st = store if isinstance(store, Store) else Store(store)
+    specs = {t: dataclasses.replace(resolve(f"local-{t}t"), name=f"{prefix}-{t}t") for t in threads}
+    dev_keys = {t: st.put_device(sp) for t, sp in specs.items()}
+    target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
+    job = st.job(f"cdmpp-device-{prefix}-v{TIMER_VERSION}")
+    done = job.done_keys()
+    todo = [p for p in device_programs(d, programs_per_task, seed) if p["prog_key"] not in done]
+    tasks = pq.read_table(d / "tasks.parquet").to_pandas().set_index("task_key")
+    stats = CollectStats(skipped_done=len(done))
+    t_start = last = time.time()
+    mods: dict[str, Any] = {}
+    bar = None
+    if progress:
+        from rich.progress import Progress
+        bar = Progress(transient=True)
+        bar.start()
+        bt = bar.add_task(f"measure {prefix}", total=len(todo))
+    try:
+        for p in todo:
+            if budget_minutes and time.time() - t_start > budget_minutes * 60:
+                break
+            tk = p["task_key"]
+            if tk not in mods:
+                row = tasks.loc[tk]
+                mods[tk] = task_from_script(tk, row["task_name"], row["script"], {}, float(row["flops"]))
+            task = mods[tk]
+            try:
+                sch = replay_trace(task.mod, p["trace"])
+                lib = tvm.compile(sch.mod, target=target).jit()
+                state = _TaskState.__new__(_TaskState)
+                state.task, state._args = task, None
+                timings = _time_lib(lib, state.args(), threads, min_repeat_s=min_repeat_s,
+                                    max_kernel_s=max_kernel_s, repeats=repeats)
+            except Exception:  # noqa: BLE001 - a program that no longer builds or runs here is skipped
+                timings = "failed"
+            payload = {k: p[k] for k in ("task_key", "index", "space", "seed")}
+            payload["trace"] = json.loads(p["trace"])
+            with st.transaction():
+                if not isinstance(timings, str):
+                    pk = st.put_program(PROGRAM_KIND, payload)
+                    st.put_measurements([(pk, dev_keys[t], timings[t], TAG,
+                                          {"timer": TIMER_VERSION, "dataset_prog_key": p["prog_key"]})
+                                         for t in threads])
+                    stats.records += len(threads)
+                    stats.programs += 1
+                elif timings == "failed":
+                    stats.failed_build += 1
+                else:
+                    stats.too_slow += 1
+                job.mark_done(p["prog_key"])
+            if bar is not None:
+                bar.update(bt, advance=1)
+            if time.time() - last > 60:
+                last = time.time()
+                log(f"measure-device {prefix} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
+                    f"({stats.records / (last - t_start):.2f} rec/s)")
+    finally:
+        if bar is not None:
+            bar.stop()
+    stats.seconds = time.time() - t_start
+    log(f"measure-device {prefix}: {json.dumps(stats.to_dict())}")
+    return stats
+
+
+def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = None,
+                 log: Callable[[str], None] | None = None) -> dict:
+    """Add the `{prefix}-Nt` records measured by `measure_device` to the dataset's records.parquet
+    and meta.json (replacing earlier ones of those devices: re-running is safe)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ..measure.store import Store
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    d = Path(data) if data else default_data_dir()
+    st = store if isinstance(store, Store) else Store(store)
+    prog = pq.read_table(d / "programs.parquet").to_pandas()
+    pidx = dict(zip(prog["prog_key"], prog["prog_idx"]))
+    rows, devices = [], {}
+    for m in st.measurements(kind=PROGRAM_KIND, tag=TAG):
+        dev = m["device"]
+        if not (dev.startswith(prefix + "-") and dev[len(prefix) + 1:-1].isdigit() and dev.endswith("t")):
+            continue
+        src = m["extra"].get("dataset_prog_key")
+        if src not in pidx:
+            raise TensorplanError(f"merge-device: a {dev} measurement names program {src!r}, which is not in {d}; "
+                                  "measure against the same dataset you merge into")
+        devices[dev] = m["dev_key"]
+        rows.append((pidx[src], m))
+    if not rows:
+        raise TensorplanError(f"merge-device: the store holds no measurements of devices '{prefix}-Nt'; "
+                              f"run `tensorplan dataset measure-device --prefix {prefix}` first")
+    old = pq.read_table(d / "records.parquet")
+    keep = [not (str(x).startswith(prefix + "-")) for x in old.column("device").to_pylist()]
+    old = old.filter(pa.array(keep))
+    new = pa.table({
+        "prog_idx": np.array([i for i, _ in rows], dtype=np.int32),
+        "device": [m["device"] for _, m in rows],
+        "device_key": [m["dev_key"] for _, m in rows],
+        "latency_s": np.array([m["median_s"] for _, m in rows], dtype=np.float64),
+        "mean_s": np.array([m["mean_s"] for _, m in rows], dtype=np.float64),
+        "min_s": np.array([m["min_s"] for _, m in rows], dtype=np.float64),
+        "cov": np.array([m["cov"] for _, m in rows], dtype=np.float64),
+        "repeats": pa.array([m["repeats"] for _, m in rows], type=pa.list_(pa.float32())),
+        "number": np.array([m["number"] for _, m in rows], dtype=np.int32),
+        "timer_version": np.array([int(m["extra"].get("timer", 1)) for _, m in rows], dtype=np.int8),
+    }).cast(old.schema)
+    pq.write_table(pa.concat_tables([old, new]), d / "records.parquet", compression="zstd", compression_level=19)
+    meta = json.loads((d / "meta.json").read_text())
+    for name in [k for k in meta.get("devices", {}) if k.startswith(prefix + "-")]:
+        del meta["devices"][name]
+    for name, key in devices.items():
+        spec = st.get_device(key)
+        meta.setdefault("devices", {})[name] = {"key": key, "spec": spec.to_dict() if spec else None}
+    meta["n_records"] = int(len(old) + len(new))
+    (d / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    log(f"merge-device: {len(new)} records of {sorted(devices)} -> {d}")
+    return {"dir": str(d), "records_added": len(new), "devices": sorted(devices), "records": int(len(old) + len(new))}
+
+
 # =========================================================================== export / load
 
 def _featurize_programs(tasks_by_key: dict, programs: list[dict], log, progress: bool = True,

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import TensorplanError
 from .calibrate import Calibrated
-from .cdmpp import (CDMPP, Estimator, ProgramArrays, as_arrays, regression_metrics,
+from .cdmpp import (CDMPP, Estimator, ProgramArrays, as_arrays, device_features, regression_metrics,
                     within_task_spearman)
 
 DEFAULT_MODELS = ("cdmpp", "cdmpp-nocmd", "xgboost", "mlp", "tlp", "roofline")
@@ -322,7 +322,8 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
             entry = {"train_time_s": tt, "zero_shot": _score(mdl, te)}
             for method, (ft, rest, _) in sel.items():   # the same samples calibrate the unchanged model
                 t0 = time.perf_counter()
-                cal = Calibrated(mdl, source=source_device, seed=seed).fit(pool.subset(ft))
+                cal = Calibrated(mdl, source=source_device, seed=seed,
+                                 source_features=device_features(source_device, ds.devices).tolist()).fit(pool.subset(ft))
                 sc = _score(cal, te)
                 sc["adapt_time_s"] = time.perf_counter() - t0
                 sc["n_target_samples"] = int(len(ft))

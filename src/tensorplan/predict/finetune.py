@@ -169,7 +169,9 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
         src = source or (known[0] if known else None)
         if src is None:
             raise TensorplanError(f"finetune --adapt calibrate: name a --source device; the data has only '{dom}'")
-        est = Calibrated(est, source=src, seed=seed).fit(pool.subset(ft))
+        from .cdmpp import device_features
+        est = Calibrated(est, source=src, seed=seed,
+                         source_features=device_features(src, ds.devices).tolist()).fit(pool.subset(ft))
     else:
         est.finetune(pool.subset(ft), base=as_arrays(others) if len(others) else None, steps=steps)
     after = regression_metrics(est.predict(test), test.latency_s) if len(test) else {}
