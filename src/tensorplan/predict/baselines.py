@@ -495,16 +495,14 @@ class RooflineLinear(Estimator):
 
     @staticmethod
     def _design(arr: ProgramArrays) -> np.ndarray:
-        from ..devices import resolve
+        from ..devices import FEATURE_NAMES
 
         if arr.flops is None:
             raise TensorplanError("roofline: the records carry no FLOP counts (column 'flops')")
-        peak = np.empty(len(arr))
-        bw = np.empty(len(arr))
-        for name in np.unique(arr.device_name):
-            spec = resolve(str(name))
-            m = arr.device_name == name
-            peak[m], bw[m] = spec.peak_fp32_gflops * 1e9, spec.mem_bw_gbs * 1e9
+        # peak and bandwidth from each record's device vector (the spec recorded with the data)
+        peak = (10.0 ** arr.device[:, FEATURE_NAMES.index("log10_peak_gflops")].astype(np.float64) - 1) * 1e9
+        bw = (10.0 ** arr.device[:, FEATURE_NAMES.index("log10_mem_bw_gbs")].astype(np.float64) - 1) * 1e9
+        peak, bw = np.maximum(peak, 1.0), np.maximum(bw, 1.0)
         tc = np.log(np.maximum(arr.flops, 1.0) / peak)
         tm = np.log(np.maximum(program_bytes(arr), 1.0) / bw)
         return np.stack([np.ones(len(arr)), tc, tm, np.maximum(tc, tm)], axis=1)
