@@ -446,6 +446,20 @@ def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_k
     return payload, [(dev_keys[t], timings[t], extra) for t in threads]
 
 
+def _time_trace(task, trace, target, threads: Sequence[int], **timer) -> dict[int, Any] | str:
+    """Replay a stored schedule trace of `task`, compile it and time it at each thread count
+    (`_time_lib`); "failed" if it no longer replays, builds or runs here."""
+    import tvm
+    try:
+        sch = replay_trace(task.mod, trace)
+        lib = tvm.compile(sch.mod, target=target).jit()
+        state = _TaskState.__new__(_TaskState)
+        state.task, state._args = task, None
+        return _time_lib(lib, state.args(), threads, **timer)
+    except Exception:  # noqa: BLE001 - one broken program must not stop the run
+        return "failed"
+
+
 def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minutes: float | None = None,
               max_kernel_s: float = 0.1, min_repeat_s: float = 2e-5, repeats: int = 15,
               measured_before: float | None = None,
@@ -497,15 +511,8 @@ def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minu
             s_ = scripts[tk]
             mods[tk] = task_from_script(tk, s_["name"], s_["script"], {}, s_.get("flops", 0.0))
         task = mods[tk]
-        try:
-            sch = replay_trace(task.mod, p["trace"])
-            lib = tvm.compile(sch.mod, target=target).jit()
-            state = _TaskState.__new__(_TaskState)
-            state.task, state._args = task, None
-            timings = _time_lib(lib, state.args(), threads, min_repeat_s=min_repeat_s,
-                                max_kernel_s=max_kernel_s, repeats=repeats)
-        except Exception:  # noqa: BLE001
-            timings = "failed"
+        timings = _time_trace(task, p["trace"], target, threads, min_repeat_s=min_repeat_s,
+                              max_kernel_s=max_kernel_s, repeats=repeats)
         with st.transaction():
             if not isinstance(timings, str):
                 st.put_measurements([(pk, dev_keys[t], timings[t], TAG, {"timer": TIMER_VERSION, "remeasured": True})
@@ -594,15 +601,8 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
                 row = tasks.loc[tk]
                 mods[tk] = task_from_script(tk, row["task_name"], row["script"], {}, float(row["flops"]))
             task = mods[tk]
-            try:
-                sch = replay_trace(task.mod, p["trace"])
-                lib = tvm.compile(sch.mod, target=target).jit()
-                state = _TaskState.__new__(_TaskState)
-                state.task, state._args = task, None
-                timings = _time_lib(lib, state.args(), threads, min_repeat_s=min_repeat_s,
-                                    max_kernel_s=max_kernel_s, repeats=repeats)
-            except Exception:  # noqa: BLE001 - a program that no longer builds or runs here is skipped
-                timings = "failed"
+            timings = _time_trace(task, p["trace"], target, threads, min_repeat_s=min_repeat_s,
+                                  max_kernel_s=max_kernel_s, repeats=repeats)
             payload = {k: p[k] for k in ("task_key", "index", "space", "seed")}
             payload["trace"] = json.loads(p["trace"])
             with st.transaction():
