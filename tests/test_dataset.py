@@ -196,15 +196,17 @@ def test_measure_device_merges_a_new_domain(tmp_path):
     data = tmp_path / "data"
     shutil.copytree(src, data)
     store = tmp_path / "dev.sqlite"
-    code = ("import json; from tensorplan.predict import dataset as D; "
+    code = ("import json, sys; from tensorplan.predict import dataset as D; "
             f"st = D.measure_device('testcpu', data={str(data)!r}, store={str(store)!r}, programs_per_task=1, "
-            "budget_minutes=0.1, progress=False, log=lambda s: None); print(json.dumps(st.to_dict()))")
-    run = lambda: json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,  # noqa: E731
-                                            text=True, timeout=600).stdout.strip().splitlines()[-1])
-    first = run()
+            "budget_minutes=0.1, progress=False, workers=int(sys.argv[1]), log=lambda s: None); "
+            "print(json.dumps(st.to_dict()))")
+    run = lambda w: json.loads(subprocess.run([sys.executable, "-c", code, str(w)], check=True,  # noqa: E731
+                                              capture_output=True, text=True, timeout=600).stdout.strip().splitlines()[-1])
+    first = run(1)
     assert first["programs"] >= 3 and first["records"] == 2 * first["programs"]
-    second = run()
+    second = run(2)                                   # compiled ahead by 2 forked workers (prebuild)
     assert second["skipped_done"] >= first["programs"] + first["too_slow"]          # resumed
+    assert second["programs"] >= 1 and second["records"] == 2 * second["programs"]
     info = D.merge_device("testcpu", data=data, store=store, log=lambda s: None)
     again = D.merge_device("testcpu", data=data, store=store, log=lambda s: None)
     assert info["records"] == again["records"]                                      # replaced, not appended twice

@@ -1,4 +1,4 @@
-"""`tensorplan dataset collect|remeasure|measure-device|export|stats`: the CDMPP tensor-program dataset."""
+"""`tensorplan dataset collect|remeasure|measure-device|sample|measure-gpu|export|stats`: the CDMPP tensor-program dataset."""
 from __future__ import annotations
 
 import json
@@ -88,6 +88,8 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
                    programs_per_task: int = typer.Option(8, "--programs-per-task", help="Dataset programs re-timed per task."),
                    budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
                    merge: bool = typer.Option(True, "--merge/--no-merge", help="Add the records to the dataset when done."),
+                   workers: int = typer.Option(1, "--workers", min=1, help="Processes compiling batches of programs "
+                                               "ahead of timing (on a many-core machine compiling is the bottleneck)."),
                    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
                    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Time the dataset's programs on this machine as a new device domain (same schedules and
@@ -100,7 +102,7 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
     os.environ["TVM_NUM_THREADS"] = str(max(ths))   # before TVM's runtime pool exists
     from ..predict.dataset import measure_device as _measure, merge_device as _merge
     d = _measure(prefix, data=data, store=store, threads=ths, programs_per_task=programs_per_task,
-                 budget_minutes=budget_minutes, progress=not no_progress).to_dict()
+                 budget_minutes=budget_minutes, progress=not no_progress, workers=workers).to_dict()
     if merge:
         d["merge"] = _merge(prefix, data=data, store=store)
     if json_out:
@@ -124,6 +126,45 @@ def merge_device(prefix: str = typer.Option(..., "--prefix", help="Domains <pref
     r = _merge(prefix, data=data, store=store)
     print(json.dumps(r, indent=1) if json_out else f"{r['records_added']} records of {', '.join(r['devices'])} "
           f"-> {r['dir']} ({r['records']} records)")
+
+
+@dataset_app.command("sample")
+def sample(target: str = typer.Option("nvidia/nvidia-h100", "--target", help="TVM target string or tag to sample "
+                                      "schedules for (no GPU needed), e.g. nvidia/nvidia-h100, nvidia/nvidia-a100."),
+           out: Path = typer.Option(..., "-o", "--out", help="Programs file to write (parquet)."),
+           data: Optional[Path] = typer.Option(None, "--data", help="Dataset whose tasks to sample (default: data/cdmpp/)."),
+           programs_per_task: int = typer.Option(8, "--programs-per-task", help="Valid schedules wanted per task."),
+           workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Sampling processes (default: every CPU)."),
+           json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Sample schedules of every task from TARGET's design space (with its postprocessors), for
+    measuring a GPU device domain with `measure-gpu` on the GPU machine."""
+    from ..predict.gpu_dataset import sample_programs, write_programs
+    progs = sample_programs(target, data=data, programs_per_task=programs_per_task, workers=workers)
+    write_programs(progs, out)
+    r = {"programs": len(progs), "tasks": len({p["task_key"] for p in progs}), "target": target, "file": str(out)}
+    print(json.dumps(r, indent=1) if json_out else f"{r['programs']} programs of {r['tasks']} tasks -> {out}")
+
+
+@dataset_app.command("measure-gpu")
+def measure_gpu(programs: Path = typer.Option(..., "--programs", help="Programs file from `tensorplan dataset sample`."),
+                name: str = typer.Option(..., "--name", help="Device domain name of this GPU, e.g. h100."),
+                store: Optional[Path] = _STORE_OPT,
+                data: Optional[Path] = typer.Option(None, "--data", help="Dataset holding the tasks (default: data/cdmpp/)."),
+                workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Compile processes (default: CPUs - 1)."),
+                budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
+                limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Measure at most this many programs."),
+                json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+                no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
+    """Compile and time sampled CUDA programs on this machine's GPU as device NAME; resumable.
+    `tensorplan dataset export --store S --out DIR` then writes them as a dataset."""
+    from ..predict.gpu_dataset import measure_gpu as _measure, read_programs
+    d = _measure(name, read_programs(programs), data=data, store=store, workers=workers,
+                 budget_minutes=budget_minutes, limit=limit, progress=not no_progress).to_dict()
+    if json_out:
+        print(json.dumps(d, indent=1))
+    else:
+        Console().print(f"timed {d['programs']} programs in {d['seconds']:.0f} s ({d['records_per_s']:.2f} records/s); "
+                        f"failed/too slow {d['failed_build']}/{d['too_slow']}")
 
 
 @dataset_app.command("export")

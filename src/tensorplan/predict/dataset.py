@@ -95,6 +95,28 @@ def _seed(task_key: str, i: int) -> int:
     return 1 + h % 2147483646
 
 
+def task_arrays(task) -> list[np.ndarray]:
+    """Input/output arrays of a task's PrimFunc: uniform [0.5, 1) floats, integer inputs zero
+    (they are indices: 0 is always in range), booleans true. Seeded, so every device times the
+    same data."""
+    from tvm.s_tir import meta_schedule as ms
+    rng = np.random.default_rng(0)
+    out = []
+    for a in ms.arg_info.ArgInfo.from_prim_func(task.mod["main"]):
+        shape = [int(x) for x in a.shape]
+        dt = str(a.dtype)
+        if dt in ("float32", "float64"):
+            arr = rng.random(shape, dtype=np.dtype(dt)) * 0.5 + 0.5
+        elif dt.startswith("float"):
+            arr = (rng.random(shape, dtype=np.float32) * 0.5 + 0.5).astype(dt)
+        elif dt == "bool":
+            arr = np.ones(shape, dtype=bool)
+        else:
+            arr = np.zeros(shape, dtype=dt)
+        out.append(arr)
+    return out
+
+
 class _TaskState:
     """Per-task cached TVM objects: design spaces, postprocessors, argument tensors."""
 
@@ -110,25 +132,10 @@ class _TaskState:
         self.ok = 0                                     # programs measured
 
     def args(self):
-        """Input/output tensors (uniform [0.5, 1) floats, zero integers); freed by `release`."""
+        """Input/output tensors on the CPU (`task_arrays`); freed by `release`."""
         if self._args is None:
             import tvm
-            from tvm.s_tir import meta_schedule as ms
-            rng = np.random.default_rng(0)
-            out = []
-            for a in ms.arg_info.ArgInfo.from_prim_func(self.task.mod["main"]):
-                shape = [int(x) for x in a.shape]
-                dt = str(a.dtype)
-                if dt in ("float32", "float64"):
-                    arr = rng.random(shape, dtype=np.dtype(dt)) * 0.5 + 0.5
-                elif dt.startswith("float"):
-                    arr = (rng.random(shape, dtype=np.float32) * 0.5 + 0.5).astype(dt)
-                elif dt == "bool":
-                    arr = np.ones(shape, dtype=bool)
-                else:
-                    arr = np.zeros(shape, dtype=dt)     # integer inputs are indices: 0 is always in range
-                out.append(tvm.runtime.tensor(arr))
-            self._args = out
+            self._args = [tvm.runtime.tensor(a) for a in task_arrays(self.task)]
         return self._args
 
     def release(self) -> None:
@@ -452,11 +459,17 @@ def _time_trace(task, trace, target, threads: Sequence[int], **timer) -> dict[in
     import tvm
     try:
         sch = replay_trace(task.mod, trace)
-        lib = tvm.compile(sch.mod, target=target).jit()
-        state = _TaskState.__new__(_TaskState)
-        state.task, state._args = task, None
-        return _time_lib(lib, state.args(), threads, **timer)
+        return _time_built(tvm.compile(sch.mod, target=target).jit(), task, threads, **timer)
     except Exception:  # noqa: BLE001 - one broken program must not stop the run
+        return "failed"
+
+
+def _time_built(lib, task, threads: Sequence[int], **timer) -> dict[int, Any] | str:
+    """Time a compiled program of `task` on its seeded inputs; "failed" if it does not run."""
+    import tvm
+    try:
+        return _time_lib(lib, [tvm.runtime.tensor(a) for a in task_arrays(task)], threads, **timer)
+    except Exception:  # noqa: BLE001
         return "failed"
 
 
@@ -553,10 +566,13 @@ def device_programs(data: str | Path | None = None, programs_per_task: int = 8, 
 def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = None,
                    threads: Sequence[int] = (1, 2), programs_per_task: int = 8, seed: int = 0,
                    budget_minutes: float | None = None, max_kernel_s: float = 0.1, min_repeat_s: float = 2e-5,
-                   repeats: int = 15, progress: bool = True,
+                   repeats: int = 15, progress: bool = True, workers: int = 1,
                    log: Callable[[str], None] | None = None) -> CollectStats:
     """Time programs of the committed dataset on *this* machine as new device domains
     `{prefix}-{t}t` (e.g. another CPU than the one the dataset was collected on).
+
+    `workers` > 1 compiles batches of programs in that many forked processes (`prebuild`), then
+    times the batch with the workers idle: on a many-core machine compiling is the bottleneck.
 
     The programs keep their features (same schedules), so only latencies are new; `merge_device`
     adds them to the dataset. Measurements go into `store` with the program marked done in the
@@ -567,7 +583,7 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     if not prefix or not prefix.replace("-", "").isalnum() or prefix.startswith("local"):
         raise TensorplanError(f"measure-device: prefix {prefix!r} must be a short name such as 'zen4' "
                               "(letters, digits, '-'; not 'local', which names the dataset's own domains)")
-    _init_pool(max(threads))
+    import tempfile
     import tvm
     from ..devices import resolve
     from ..measure.store import Store
@@ -576,13 +592,19 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     d = Path(data) if data else default_data_dir()
     st = store if isinstance(store, Store) else Store(store)
-    specs = {t: dataclasses.replace(resolve(f"local-{t}t"), name=f"{prefix}-{t}t") for t in threads}
-    dev_keys = {t: st.put_device(sp) for t, sp in specs.items()}
     target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
     job = st.job(f"cdmpp-device-{prefix}-v{TIMER_VERSION}")
     done = job.done_keys()
     todo = [p for p in device_programs(d, programs_per_task, seed) if p["prog_key"] not in done]
     tasks = pq.read_table(d / "tasks.parquet").to_pandas().set_index("task_key")
+    pre = None
+    if workers > 1 and todo:                             # fork before TVM's thread pool exists
+        from .prebuild import Prebuilder
+        tmp = tempfile.TemporaryDirectory(prefix="tensorplan-prebuild-")
+        pre = Prebuilder(todo, tasks, target, tmp.name, workers)
+    _init_pool(max(threads))
+    specs = {t: dataclasses.replace(resolve(f"local-{t}t"), name=f"{prefix}-{t}t") for t in threads}
+    dev_keys = {t: st.put_device(sp) for t, sp in specs.items()}
     stats = CollectStats(skipped_done=len(done))
     t_start = last = time.time()
     mods: dict[str, Any] = {}
@@ -592,17 +614,32 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
         bar = Progress(transient=True)
         bar.start()
         bt = bar.add_task(f"measure {prefix}", total=len(todo))
+    timer = dict(min_repeat_s=min_repeat_s, max_kernel_s=max_kernel_s, repeats=repeats)
+
+    def task_of(tk: str):
+        if tk not in mods:
+            row = tasks.loc[tk]
+            mods[tk] = task_from_script(tk, row["task_name"], row["script"], {}, float(row["flops"]))
+        return mods[tk]
+
+    def timed():
+        """(program, timings) in order; compiled here or in batches by the workers."""
+        if pre is None:
+            for p in todo:
+                yield p, _time_trace(task_of(p["task_key"]), p["trace"], target, threads, **timer)
+            return
+        step = 4 * pre.workers
+        for a in range(0, len(todo), step):
+            for k, path, _ in pre.map(range(a, min(len(todo), a + step))):
+                p = todo[k]
+                if path is None:
+                    yield p, "failed"
+                    continue
+                yield p, _time_built(tvm.runtime.load_module(path), task_of(p["task_key"]), threads, **timer)
+                os.remove(path)
+
     try:
-        for p in todo:
-            if budget_minutes and time.time() - t_start > budget_minutes * 60:
-                break
-            tk = p["task_key"]
-            if tk not in mods:
-                row = tasks.loc[tk]
-                mods[tk] = task_from_script(tk, row["task_name"], row["script"], {}, float(row["flops"]))
-            task = mods[tk]
-            timings = _time_trace(task, p["trace"], target, threads, min_repeat_s=min_repeat_s,
-                                  max_kernel_s=max_kernel_s, repeats=repeats)
+        for p, timings in timed():
             payload = {k: p[k] for k in ("task_key", "index", "space", "seed")}
             payload["trace"] = json.loads(p["trace"])
             with st.transaction():
@@ -620,6 +657,8 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
                 job.mark_done(p["prog_key"])
             if bar is not None:
                 bar.update(bt, advance=1)
+            if budget_minutes and time.time() - t_start > budget_minutes * 60:
+                break           # checked after recording: what was timed is kept
             if time.time() - last > 60:
                 last = time.time()
                 log(f"measure-device {prefix} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
@@ -627,6 +666,9 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     finally:
         if bar is not None:
             bar.stop()
+        if pre is not None:
+            pre.close()
+            tmp.cleanup()
     stats.seconds = time.time() - t_start
     log(f"measure-device {prefix}: {json.dumps(stats.to_dict())}")
     return stats
@@ -688,6 +730,14 @@ def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = No
 
 # =========================================================================== export / load
 
+def is_gpu_target(target: str | None) -> bool:
+    """Whether a program's recorded target (None: the CPU of `collect`) is a GPU."""
+    if not target:
+        return False
+    import tvm
+    return tvm.target.Target(target).kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
+
+
 def _featurize_programs(tasks_by_key: dict, programs: list[dict], log, progress: bool = True,
                         workers: int | None = None):
     """Replay every stored trace and compute its compact AST, in forked workers (every CPU by
@@ -700,7 +750,8 @@ def _featurize_programs(tasks_by_key: dict, programs: list[dict], log, progress:
         for k in range(a, b):
             p = programs[k]
             try:
-                out.append(compact_ast(replay_trace(tasks_by_key[p["task_key"]].mod, p["trace"])))
+                out.append(compact_ast(replay_trace(tasks_by_key[p["task_key"]].mod, p["trace"]),
+                                       is_gpu=is_gpu_target(p.get("target"))))
             except Exception as e:  # noqa: BLE001 - one bad program must not sink the export
                 out.append(f"export: program {k} of task {p['task_key']} dropped: {e}")
         return out
@@ -803,6 +854,7 @@ def export(store: Any = None, out_dir: str | Path | None = None, *, log: Callabl
         "space": [int(p["space"]) for p in plist],
         "seed": [int(p["seed"]) for p in plist],
         "trace": [json.dumps(p["trace"], separators=(",", ":")) for p in plist],
+        "target": [str(p.get("target") or "llvm") for p in plist],
     }), out / "programs.parquet", compression="zstd", compression_level=19)
     # records table
     pq.write_table(pa.table({

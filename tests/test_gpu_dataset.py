@@ -1,0 +1,120 @@
+"""GPU device domain: CUDA schedules sampled without a GPU, compiled by forked workers, measured
+on a GPU (skipped here without one), exported as a dataset with GPU features."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from tensorplan.errors import TensorplanError
+from tensorplan.predict import dataset as D
+from tensorplan.predict import gpu_dataset as G
+
+pytestmark = pytest.mark.xdist_group("gpu_dataset")
+
+
+def _small_data(tmp_path, names=("softmax", "layer_norm", "fused_conv2d4_add1_tir_sigmoid1_multiply")):
+    """A dataset directory holding only a few tasks of the committed one (sampling all 447 takes minutes)."""
+    import pyarrow.parquet as pq
+    src = D.default_data_dir()
+    if not (src / "tasks.parquet").exists():
+        pytest.skip("committed dataset not available")
+    t = pq.read_table(src / "tasks.parquet").to_pandas()
+    keep = t[t["task_name"].isin(names)].drop_duplicates("task_name")
+    d = tmp_path / "data"
+    d.mkdir()
+    import pyarrow as pa
+    pq.write_table(pa.Table.from_pandas(keep, preserve_index=False), d / "tasks.parquet")
+    return d, keep
+
+
+@pytest.fixture(scope="module")
+def cuda_programs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu")
+    d, keep = _small_data(tmp)
+    progs = G.sample_programs("nvidia/nvidia-h100", data=d, programs_per_task=2, workers=2, progress=False,
+                              log=lambda s: None)
+    return d, keep, progs
+
+
+def test_sampled_cuda_schedules_are_valid_and_reproducible(cuda_programs, tmp_path):
+    d, keep, progs = cuda_programs
+    assert {p["task_key"] for p in progs} == set(keep["task_key"])        # every task got programs
+    assert all(p["target"] == "nvidia/nvidia-h100" for p in progs)
+    # the same call draws the same schedules (seeded per task and index)
+    again = G.sample_programs("nvidia/nvidia-h100", data=d, programs_per_task=2, workers=1, progress=False,
+                              log=lambda s: None)
+    assert [(p["task_key"], p["index"], p["trace"]) for p in again] == [(p["task_key"], p["index"], p["trace"]) for p in progs]
+    # round trip through the programs file
+    f = G.write_programs(progs, tmp_path / "p.parquet")
+    assert G.read_programs(f) == progs
+
+
+def test_cuda_programs_featurise_as_gpu_programs(cuda_programs):
+    """Replayed on the task, a CUDA program binds blockIdx/threadIdx: the GPU feature block is set."""
+    from tensorplan.predict.features import FEATURE_GROUPS, compact_ast
+    from tensorplan.predict.tasks import task_from_script
+    d, keep, progs = cuda_programs
+    rows = keep.set_index("task_key")
+    lo, hi = FEATURE_GROUPS["gpu_threads"]
+    for p in progs:
+        r = rows.loc[p["task_key"]]
+        task = task_from_script(p["task_key"], r["task_name"], r["script"], {}, float(r["flops"]))
+        ast = compact_ast(D.replay_trace(task.mod, p["trace"]), is_gpu=D.is_gpu_target(p["target"]))
+        f = ast.leaf_features[:, lo:hi]
+        assert (f[:, 0] == 1.0).all()                             # is_gpu
+        assert f[:, 1:7].max() > 1.0                              # some block/thread extent > 1 (log-scaled)
+    assert not D.is_gpu_target(None) and not D.is_gpu_target("llvm") and D.is_gpu_target("cuda")
+
+
+def test_compile_workers_build_cuda_libraries(cuda_programs, tmp_path):
+    """The forked workers replay and compile CUDA programs into loadable libraries (the CUDA
+    binary itself needs nvcc/NVRTC, present only on a GPU machine: skipped there)."""
+    from tensorplan.predict.prebuild import Prebuilder, cuda_compiler
+    d, keep, progs = cuda_programs
+    tasks = G._tasks_table(d)
+    with Prebuilder(progs[:2], tasks, progs[0]["target"], tmp_path / "libs", 2) as pre:
+        res = list(pre.imap(range(2)))
+    assert [k for k, _, _ in res] == [0, 1]
+    if shutil.which("nvcc") is None and cuda_compiler() == "nvcc":
+        for _, path, extra in res:                                # no CUDA compiler: a named error, not a crash
+            assert path is None and isinstance(extra, str) and extra
+        return
+    for _, path, extra in res:
+        assert path and (tmp_path / "libs").exists() and isinstance(extra, dict) and extra
+
+
+def test_measure_gpu_needs_a_gpu_and_a_good_programs_file(cuda_programs, tmp_path):
+    d, keep, progs = cuda_programs
+    with pytest.raises(TensorplanError, match="does not exist"):
+        G.read_programs(tmp_path / "nope.parquet")
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(TensorplanError, match="not a readable parquet"):
+        G.read_programs(tmp_path / "bad.parquet")
+    with pytest.raises(TensorplanError, match="name"):
+        G.measure_gpu("local", progs, data=d, store=tmp_path / "s.sqlite", progress=False)
+    mixed = progs[:1] + [dict(progs[1], target="nvidia/nvidia-a100")]
+    with pytest.raises(TensorplanError, match="mix targets"):
+        G.measure_gpu("h100", mixed, data=d, store=tmp_path / "s.sqlite", progress=False)
+
+
+@pytest.mark.gpu
+def test_measure_gpu_times_programs_on_the_gpu(cuda_programs, tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    d, keep, progs = cuda_programs
+    store = tmp_path / "gpu.sqlite"
+    st = G.measure_gpu("testgpu", progs, data=d, store=store, workers=2, progress=False, log=lambda s: None)
+    assert st.programs >= 1 and st.records == st.programs
+    again = G.measure_gpu("testgpu", progs, data=d, store=store, workers=2, progress=False, log=lambda s: None)
+    assert again.programs == 0 and again.skipped_done == len(progs)          # resumed: nothing re-measured
+    out = D.export(store, tmp_path / "ds", progress=False, workers=1, log=lambda s: None)
+    ds = D.load_dataset(out["dir"])
+    assert set(ds.records["device"]) == {"testgpu"}
+    spec = ds.devices["testgpu"]["spec"]
+    assert spec["kind"] == "gpu"
+    assert json.loads(json.dumps(spec))["name"] == "testgpu"
+    assert np.all(ds.records["latency_s"] > 0)
