@@ -40,6 +40,7 @@ install)  # device, call 2
   cat /tmp/pk/ltc.xz.00 .tvmpack/b/ltc.xz.01 | xz -d -T0 > /tmp/ltc.so || exit 1
   mkdir -p $site && tar -C $site -xJf /tmp/pk/tvm_rest.tar.xz && mv /tmp/ltc.so $site/tvm/lib/libtvm_compiler.so
   python3 -m pip install -q --no-index --no-deps --no-compile --target $site /tmp/pk/apache_tvm_ffi-*.whl
+  [ -f .tvmpack/b/cpu.sqlite.xz ] && [ ! -f /tmp/cpu.sqlite ] && xz -dc .tvmpack/b/cpu.sqlite.xz > /tmp/cpu.sqlite  # resume
   env_setup
   python3 -c "import tvm; print('tvm', tvm.__version__, tvm.support.libinfo().get('USE_CUDA'))" ;;
 gpu)    # device: time the sampled CUDA programs for MINUTES (resumable)

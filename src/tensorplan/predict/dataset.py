@@ -571,7 +571,7 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     """Time programs of the committed dataset on *this* machine as new device domains
     `{prefix}-{t}t` (e.g. another CPU than the one the dataset was collected on).
 
-    `workers` > 1 compiles batches of programs in that many forked processes (`prebuild`), then
+    `workers` > 1 compiles batches of programs in that many worker processes (`prebuild`), then
     times the batch with the workers idle: on a many-core machine compiling is the bottleneck.
 
     The programs keep their features (same schedules), so only latencies are new; `merge_device`
@@ -598,7 +598,7 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     todo = [p for p in device_programs(d, programs_per_task, seed) if p["prog_key"] not in done]
     tasks = pq.read_table(d / "tasks.parquet").to_pandas().set_index("task_key")
     pre = None
-    if workers > 1 and todo:                             # fork before TVM's thread pool exists
+    if workers > 1 and todo:
         from .prebuild import Prebuilder
         tmp = tempfile.TemporaryDirectory(prefix="tensorplan-prebuild-")
         pre = Prebuilder(todo, tasks, target, tmp.name, workers)

@@ -5,7 +5,7 @@ unlike a second CPU (`dataset.measure_device`, same programs, new latencies) a G
 its own schedules, sampled from meta_schedule's CUDA design space (thread binding, shared-memory
 tiling, cross-thread reduction) with the CUDA postprocessors, including `VerifyGPUCode` against
 the target's limits.  Sampling needs no GPU (`sample_programs`, run anywhere); `measure_gpu`
-runs on the GPU machine, compiles in forked workers (`prebuild`) and times each kernel with
+runs on the GPU machine, compiles in worker processes (`prebuild`) and times each kernel with
 TVM's `time_evaluator` (CUDA events).  The store it writes exports, like any collect store,
 into a dataset directory (`dataset.export`), e.g. `data/cdmpp-h100/`.
 """
@@ -205,7 +205,7 @@ def measure_gpu(name: str, programs: Sequence[dict], *, data: str | Path | None 
     tasks = _tasks_table(data)
     tmp = tempfile.TemporaryDirectory(prefix="tensorplan-gpu-")
     w = max(1, (default_workers() - 1) if workers is None else workers)
-    pre = Prebuilder(todo, tasks, next(iter(targets)), tmp.name, w)      # fork before CUDA exists
+    pre = Prebuilder(todo, tasks, next(iter(targets)), tmp.name, w)
     gpu = local_gpu(0)
     if gpu is None:
         pre.close()

@@ -1,10 +1,12 @@
-"""Compile stored schedules in forked worker processes, ahead of the process that times them.
+"""Compile stored schedules in spawned worker processes, ahead of the process that times them.
 
 Why: replaying a trace and compiling it (TVM lowering, then LLVM, or NVRTC/nvcc for CUDA)
-costs 0.1-1 s a program, timing it ~20 ms.  On a many-core machine one process would spend
-almost all of a measurement run compiling.  Workers are forked once, *before* the parent creates
-TVM's CPU thread pool or a CUDA context (neither survives a fork); they inherit the program
-list and hand back shared libraries (`export_library`) that the parent loads in milliseconds.
+costs 0.1-1 s a program.  On a many-core machine one process would spend most of a
+measurement run compiling.  Workers are *spawned* (fresh interpreters): on a GPU machine
+importing TVM already initialises the CUDA driver, and a forked child of such a process fails
+its first CUDA call ("initialization error").  They receive the programs and the task scripts
+once, at start, and hand back shared libraries (`export_library`) that the parent loads in
+milliseconds.
 
 CUDA: TVM 0.27 keeps a CUDA kernel as source in the library and compiles it when the library
 is *loaded* (`tvm_callback_cuda_compile`), i.e. in the parent.  So the workers also compile each
@@ -19,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-_W: dict[str, Any] = {}          # the forked workers' view: programs, tasks table, target, out dir
+_W: dict[str, Any] = {}          # a worker's state: programs, task scripts, target, out dir
 
 
 def _source_key(code: str) -> str:
@@ -35,12 +37,20 @@ def cuda_compiler() -> str:
         return "nvcc"
 
 
+def _init_worker(programs: list, tasks: dict, target: str, out_dir: str, cuda: str | None) -> None:
+    import tvm
+    _W.update(programs=programs, tasks=tasks, target=tvm.target.Target(target), dir=out_dir, cuda=cuda,
+              task_cache={})
+    if cuda:
+        import tvm.support.nvcc  # noqa: F401 - registers TVM's CUDA compile callback
+
+
 def _task(task_key: str):
     cache = _W.setdefault("task_cache", {})
     if task_key not in cache:
         from .tasks import task_from_script
-        row = _W["tasks"].loc[task_key]
-        cache[task_key] = task_from_script(task_key, row["task_name"], row["script"], {}, float(row["flops"]))
+        name, script, flops = _W["tasks"][task_key]
+        cache[task_key] = task_from_script(task_key, name, script, {}, flops)
     return cache[task_key]
 
 
@@ -71,22 +81,23 @@ def _build(k: int) -> tuple[int, str | None, dict[str, bytes] | str]:
 
 
 class Prebuilder:
-    """A pool of forked compile workers over `programs` (dicts with task_key and trace).
+    """A pool of spawned compile workers over `programs` (dicts with task_key and trace).
 
     `tasks` is the dataset's tasks table indexed by task_key; `out_dir` receives the libraries.
-    Create it before anything in this process starts TVM's thread pool or touches the GPU.
     """
 
     def __init__(self, programs: Sequence[dict], tasks, target, out_dir: str | Path, workers: int):
         import tvm
         os.makedirs(out_dir, exist_ok=True)
-        is_cuda = tvm.target.Target(target).kind.name == "cuda"
-        _W.update(programs=list(programs), tasks=tasks, target=tvm.target.Target(target), dir=str(out_dir),
-                  cuda=cuda_compiler() if is_cuda else None, task_cache={})
-        if is_cuda:
-            import tvm.support.nvcc  # noqa: F401 - registers TVM's own compile callback first
+        tgt = tvm.target.Target(target)
+        cuda = cuda_compiler() if tgt.kind.name == "cuda" else None
+        progs = [{"task_key": p["task_key"], "trace": p["trace"]} for p in programs]
+        need = {p["task_key"] for p in progs}
+        scripts = {k: (str(r["task_name"]), str(r["script"]), float(r["flops"]))
+                   for k, r in tasks.iterrows() if k in need}
         self.workers = max(1, int(workers))
-        self._pool = mp.get_context("fork").Pool(self.workers)
+        self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_init_worker,
+                                                  initargs=(progs, scripts, str(tgt), str(out_dir), cuda))
 
     def map(self, indices: Sequence[int]) -> list[tuple[int, str | None, Any]]:
         """Compile these programs now (all workers), in order."""
