@@ -184,7 +184,7 @@ def measure_gpu(name: str, programs: Sequence[dict], *, data: str | Path | None 
     from ..devices.detect import local_gpu
     from ..forkmap import default_workers
     from ..measure.store import Store
-    from .prebuild import Prebuilder, install_cubin_cache
+    from .prebuild import Prebuilder
     from .tasks import task_from_script
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     if not name or not name.replace("-", "").isalnum() or name.startswith("local"):
@@ -213,9 +213,6 @@ def measure_gpu(name: str, programs: Sequence[dict], *, data: str | Path | None 
                               "run it on the GPU machine")
     dev_key = st.put_device(dataclasses.replace(gpu, name=name))
     import tvm
-    cubins: dict[str, bytes] = {}
-    hits: dict[str, int] = {}
-    install_cubin_cache(cubins, hits)
     args_by_task: dict[str, list] = {}
     mods: dict[str, Any] = {}
     t_start = last = time.time()
@@ -231,7 +228,6 @@ def measure_gpu(name: str, programs: Sequence[dict], *, data: str | Path | None 
             tk = p["task_key"]
             timing: Any = "failed"
             if path is not None:
-                cubins.update(extra)
                 try:
                     if tk not in mods:
                         row = tasks.loc[tk]
@@ -265,12 +261,12 @@ def measure_gpu(name: str, programs: Sequence[dict], *, data: str | Path | None 
             if time.time() - last > 60:
                 last = time.time()
                 log(f"measure-gpu {name} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
-                    f"({stats.records / (last - t_start):.2f} rec/s; cubin cache {hits})")
+                    f"({stats.records / (last - t_start):.2f} rec/s)")
     finally:
         if bar is not None:
             bar.stop()
         pre.close()
         tmp.cleanup()
     stats.seconds = time.time() - t_start
-    log(f"measure-gpu {name}: {json.dumps(stats.to_dict())}; cubin cache {hits}")
+    log(f"measure-gpu {name}: {json.dumps(stats.to_dict())}")
     return stats

@@ -1,0 +1,46 @@
+"""Per-program latency ratio between two device domains of the committed dataset (same programs).
+
+Why: a second machine's domain (`tensorplan dataset measure-device`) re-times the same schedules,
+so the ratio per program shows how far one device factor is from describing the new device.
+
+    python bench/cdmpp_domain_ratio.py gpuhost-1t local-1t [gpuhost-16t local-2t ...] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def ratios(ds, a: str, b: str) -> dict:
+    r = ds.records
+    pa = r[r["device"] == a].set_index("prog_idx")["latency_s"]
+    pb = r[r["device"] == b].set_index("prog_idx")["latency_s"]
+    common = pa.index.intersection(pb.index)
+    q = (pa.loc[common] / pb.loc[common]).to_numpy()
+    p10, p50, p90 = np.percentile(q, [10, 50, 90]) if len(q) else (np.nan,) * 3
+    return {"a": a, "b": b, "programs": int(len(q)), "median": float(p50), "p10": float(p10), "p90": float(p90)}
+
+
+def main() -> None:
+    from tensorplan.predict.dataset import load_dataset
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("domains", nargs="+", help="pairs A B: latency on A over latency on B")
+    ap.add_argument("--data")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    if len(a.domains) % 2:
+        ap.error("give domains in pairs A B")
+    ds = load_dataset(a.data)
+    res = [ratios(ds, x, y) for x, y in zip(a.domains[::2], a.domains[1::2])]
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        for r in res:
+            print(f"{r['a']} / {r['b']}: {r['programs']} programs, median {r['median']:.2f}x "
+                  f"(10th-90th percentile {r['p10']:.2f}-{r['p90']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
