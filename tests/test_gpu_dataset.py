@@ -113,3 +113,22 @@ def test_measure_gpu_times_programs_on_the_gpu(cuda_programs, tmp_path):
     assert spec["kind"] == "gpu"
     assert json.loads(json.dumps(spec))["name"] == "testgpu"
     assert np.all(ds.records["latency_s"] > 0)
+
+
+def test_committed_h100_dataset_holds_gpu_programs():
+    """data/cdmpp-h100 (measured on a lent H100): one GPU domain with its recorded spec, every
+    program featurised as a GPU program, loadable like the CPU dataset."""
+    import pyarrow.parquet as pq
+    from tensorplan.predict.features import FEATURE_GROUPS
+    d = D.default_data_dir().parent / "cdmpp-h100"
+    if not (d / "records.parquet").exists():
+        pytest.skip("GPU dataset not available")
+    ds = D.load_dataset(d)
+    assert len(ds) >= 3000 and set(ds.records["device"]) == {"h100"}
+    spec = ds.devices["h100"]["spec"]
+    assert spec["kind"] == "gpu" and "H100" in spec["model"]
+    lo, _ = FEATURE_GROUPS["gpu_threads"]
+    assert all(float(leaf[:, lo].min()) == 1.0 for leaf in ds.leaves[:500])      # is_gpu on every leaf
+    targets = set(pq.read_table(d / "programs.parquet", columns=["target"]).column("target").to_pylist())
+    assert targets == {"nvidia/nvidia-h100"}
+    assert (ds.records["latency_s"] > 0).all() and ds.records["latency_s"].median() < 1e-3
