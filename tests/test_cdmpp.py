@@ -143,6 +143,7 @@ def test_errors_are_clear(small):
 def test_cmd_acts_on_the_chosen_layer(small, layer):
     """CMD towards an unlabelled target is computed (and logged) on r or on z, and changes the model."""
     tr, tgt = as_arrays(small["train"]), as_arrays(small["target"])
+    tgt = tgt.subset(np.arange(len(tgt)))     # a copy: the fixture's cached arrays stay labelled for other tests
     tgt.latency_s = None
     kw = dict(epochs=3, batch_size=32, seed=0, cmd_layer=layer)
     with_cmd = CDMPP(**kw).fit(tr, target=tgt)
