@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..errors import TensorplanError
+from ..progress import progress_bar
 from .tasks import task_io_vector
 
 PROGRAM_KIND = "cdmpp_program"
@@ -608,12 +609,6 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     stats = CollectStats(skipped_done=len(done))
     t_start = last = time.time()
     mods: dict[str, Any] = {}
-    bar = None
-    if progress:
-        from rich.progress import Progress
-        bar = Progress(transient=True)
-        bar.start()
-        bt = bar.add_task(f"measure {prefix}", total=len(todo))
     timer = dict(min_repeat_s=min_repeat_s, max_kernel_s=max_kernel_s, repeats=repeats)
 
     def task_of(tk: str):
@@ -639,33 +634,31 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
                 os.remove(path)
 
     try:
-        for p, timings in timed():
-            payload = {k: p[k] for k in ("task_key", "index", "space", "seed")}
-            payload["trace"] = json.loads(p["trace"])
-            with st.transaction():
-                if not isinstance(timings, str):
-                    pk = st.put_program(PROGRAM_KIND, payload)
-                    st.put_measurements([(pk, dev_keys[t], timings[t], TAG,
-                                          {"timer": TIMER_VERSION, "dataset_prog_key": p["prog_key"]})
-                                         for t in threads])
-                    stats.records += len(threads)
-                    stats.programs += 1
-                elif timings == "failed":
-                    stats.failed_build += 1
-                else:
-                    stats.too_slow += 1
-                job.mark_done(p["prog_key"])
-            if bar is not None:
-                bar.update(bt, advance=1)
-            if budget_minutes and time.time() - t_start > budget_minutes * 60:
-                break           # checked after recording: what was timed is kept
-            if time.time() - last > 60:
-                last = time.time()
-                log(f"measure-device {prefix} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
-                    f"({stats.records / (last - t_start):.2f} rec/s)")
+        with progress_bar(f"measure {prefix}", len(todo), progress) as advance:
+            for p, timings in timed():
+                payload = {k: p[k] for k in ("task_key", "index", "space", "seed")}
+                payload["trace"] = json.loads(p["trace"])
+                with st.transaction():
+                    if not isinstance(timings, str):
+                        pk = st.put_program(PROGRAM_KIND, payload)
+                        st.put_measurements([(pk, dev_keys[t], timings[t], TAG,
+                                              {"timer": TIMER_VERSION, "dataset_prog_key": p["prog_key"]})
+                                             for t in threads])
+                        stats.records += len(threads)
+                        stats.programs += 1
+                    elif timings == "failed":
+                        stats.failed_build += 1
+                    else:
+                        stats.too_slow += 1
+                    job.mark_done(p["prog_key"])
+                advance(1)
+                if budget_minutes and time.time() - t_start > budget_minutes * 60:
+                    break           # checked after recording: what was timed is kept
+                if time.time() - last > 60:
+                    last = time.time()
+                    log(f"measure-device {prefix} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
+                        f"({stats.records / (last - t_start):.2f} rec/s)")
     finally:
-        if bar is not None:
-            bar.stop()
         if pre is not None:
             pre.close()
             tmp.cleanup()
@@ -758,25 +751,15 @@ def _featurize_programs(tasks_by_key: dict, programs: list[dict], log, progress:
 
     asts: list = [None] * len(programs)
     t0 = time.time()
-    prog_bar = None
-    if progress:
-        from rich.progress import Progress
-        prog_bar = Progress(transient=True)
-        prog_bar.start()
-        bar = prog_bar.add_task("featurize", total=len(programs))
     w = default_workers() if workers is None else workers
-    try:
+    with progress_bar("featurize", len(programs), progress) as advance:
         for a, res in fork_map_iter(job, len(programs), workers=w, chunk=16):
             for k, r in enumerate(res, start=a):
                 if isinstance(r, str):
                     log(r)
                 else:
                     asts[k] = r
-            if prog_bar is not None:
-                prog_bar.update(bar, advance=len(res))
-    finally:
-        if prog_bar is not None:
-            prog_bar.stop()
+            advance(len(res))
     log(f"export: featurized {len(programs)} programs in {time.time() - t0:.1f} s ({w} workers)")
     return asts
 

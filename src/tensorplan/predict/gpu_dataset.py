@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import TensorplanError
+from ..progress import progress_bar
 from .dataset import (NETWORK_KIND, PROGRAM_KIND, TAG, TASK_KIND, TIMER_VERSION, CollectStats, _TaskState, _seed,
                       default_data_dir, sample_schedule, task_arrays, trace_json)
 
@@ -77,13 +78,7 @@ def sample_programs(target: str = DEFAULT_GPU_TARGET, *, data: str | Path | None
         row = tasks.loc[keys[0]]  # set-up): pay it here, not once in every forked worker
         _TaskState(task_from_script(keys[0], row["task_name"], row["script"], {}, float(row["flops"])), tgt)
     progs: list[dict] = []
-    bar = None
-    if progress:
-        from rich.progress import Progress
-        bar = Progress(transient=True)
-        bar.start()
-        bt = bar.add_task(f"sample {target}", total=len(keys))
-    try:
+    with progress_bar(f"sample {target}", len(keys), progress) as advance:
         for _, res in fork_map_iter(job, len(keys), workers=default_workers() if workers is None else workers,
                                     chunk=4):
             for r in res:
@@ -91,11 +86,7 @@ def sample_programs(target: str = DEFAULT_GPU_TARGET, *, data: str | Path | None
                     log(r)
                 else:
                     progs.extend(r)
-            if bar is not None:
-                bar.update(bt, advance=len(res))
-    finally:
-        if bar is not None:
-            bar.stop()
+            advance(len(res))
     progs.sort(key=lambda p: (p["task_key"], p["index"]))
     log(f"sample: {len(progs)} programs for {len({p['task_key'] for p in progs})}/{len(keys)} tasks "
         f"({target}) in {time.time() - t0:.0f} s")
@@ -216,55 +207,47 @@ def measure_gpu(name: str, programs: Sequence[dict], *, data: str | Path | None 
     args_by_task: dict[str, list] = {}
     mods: dict[str, Any] = {}
     t_start = last = time.time()
-    bar = None
-    if progress:
-        from rich.progress import Progress
-        bar = Progress(transient=True)
-        bar.start()
-        bt = bar.add_task(f"measure {name}", total=len(todo))
     try:
-        for k, path, extra in pre.imap(range(len(todo))):
-            p = todo[k]
-            tk = p["task_key"]
-            timing: Any = "failed"
-            if path is not None:
-                try:
-                    if tk not in mods:
-                        row = tasks.loc[tk]
-                        mods[tk] = task_from_script(tk, row["task_name"], row["script"], {}, float(row["flops"]))
-                    if tk not in args_by_task:
-                        args_by_task[tk] = [tvm.runtime.tensor(a, device=tvm.cuda(0)) for a in task_arrays(mods[tk])]
-                    timing = _time_gpu(tvm.runtime.load_module(path), args_by_task[tk], min_repeat_s=min_repeat_s,
-                                       max_kernel_s=max_kernel_s, repeats=repeats)
-                except Exception as e:  # noqa: BLE001 - one kernel that fails to load or run is skipped
-                    log(f"measure-gpu: program {tk}:{p['index']} failed to run: {str(e).strip().splitlines()[-1][:200]}")
-                Path(path).unlink(missing_ok=True)
-            elif stats.failed_build < 5:
-                log(f"measure-gpu: program {tk}:{p['index']} failed to build: {extra}")
-            with st.transaction():
-                if not isinstance(timing, str):
-                    payload = {k_: p[k_] for k_ in ("task_key", "index", "space", "seed", "target")}
-                    payload["trace"] = json.loads(p["trace"])
-                    pk = st.put_program(PROGRAM_KIND, payload)
-                    st.put_measurements([(pk, dev_key, timing, TAG, {"timer": TIMER_VERSION})])
-                    stats.records += 1
-                    stats.programs += 1
-                elif timing == "failed":
-                    stats.failed_build += 1
-                else:
-                    stats.too_slow += 1
-                job.mark_done(f"{tk}:{p['index']}")
-            if bar is not None:
-                bar.update(bt, advance=1)
-            if budget_minutes and time.time() - t_start > budget_minutes * 60:
-                break           # checked after recording: what was timed is kept
-            if time.time() - last > 60:
-                last = time.time()
-                log(f"measure-gpu {name} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
-                    f"({stats.records / (last - t_start):.2f} rec/s)")
+        with progress_bar(f"measure {name}", len(todo), progress) as advance:
+            for k, path, extra in pre.imap(range(len(todo))):
+                p = todo[k]
+                tk = p["task_key"]
+                timing: Any = "failed"
+                if path is not None:
+                    try:
+                        if tk not in mods:
+                            row = tasks.loc[tk]
+                            mods[tk] = task_from_script(tk, row["task_name"], row["script"], {}, float(row["flops"]))
+                        if tk not in args_by_task:
+                            args_by_task[tk] = [tvm.runtime.tensor(a, device=tvm.cuda(0)) for a in task_arrays(mods[tk])]
+                        timing = _time_gpu(tvm.runtime.load_module(path), args_by_task[tk], min_repeat_s=min_repeat_s,
+                                           max_kernel_s=max_kernel_s, repeats=repeats)
+                    except Exception as e:  # noqa: BLE001 - one kernel that fails to load or run is skipped
+                        log(f"measure-gpu: program {tk}:{p['index']} failed to run: {str(e).strip().splitlines()[-1][:200]}")
+                    Path(path).unlink(missing_ok=True)
+                elif stats.failed_build < 5:
+                    log(f"measure-gpu: program {tk}:{p['index']} failed to build: {extra}")
+                with st.transaction():
+                    if not isinstance(timing, str):
+                        payload = {k_: p[k_] for k_ in ("task_key", "index", "space", "seed", "target")}
+                        payload["trace"] = json.loads(p["trace"])
+                        pk = st.put_program(PROGRAM_KIND, payload)
+                        st.put_measurements([(pk, dev_key, timing, TAG, {"timer": TIMER_VERSION})])
+                        stats.records += 1
+                        stats.programs += 1
+                    elif timing == "failed":
+                        stats.failed_build += 1
+                    else:
+                        stats.too_slow += 1
+                    job.mark_done(f"{tk}:{p['index']}")
+                advance(1)
+                if budget_minutes and time.time() - t_start > budget_minutes * 60:
+                    break           # checked after recording: what was timed is kept
+                if time.time() - last > 60:
+                    last = time.time()
+                    log(f"measure-gpu {name} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
+                        f"({stats.records / (last - t_start):.2f} rec/s)")
     finally:
-        if bar is not None:
-            bar.stop()
         pre.close()
         tmp.cleanup()
     stats.seconds = time.time() - t_start
