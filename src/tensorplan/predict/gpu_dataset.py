@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from ..errors import TensorplanError
 from ..progress import progress_bar
