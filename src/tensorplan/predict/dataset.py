@@ -553,15 +553,25 @@ def device_programs(data: str | Path | None = None, programs_per_task: int = 8, 
     d = Path(data) if data else default_data_dir()
     prog = pq.read_table(d / "programs.parquet").to_pandas()
     rng = np.random.default_rng(seed)
-    queues = []
+    chosen = []
     for _, g in sorted(prog.groupby("task_key"), key=lambda kv: kv[0]):
         rows = g.iloc[rng.permutation(len(g))[:programs_per_task]]
-        queues.append([{"prog_key": r.prog_key, "task_key": r.task_key, "index": int(r.index),
-                        "space": int(r.space), "seed": int(r.seed), "trace": r.trace} for r in rows.itertuples()])
-    order = []
+        chosen.extend({"prog_key": r.prog_key, "task_key": r.task_key, "index": int(r.index),
+                       "space": int(r.space), "seed": int(r.seed), "trace": r.trace} for r in rows.itertuples())
+    return round_robin(chosen)
+
+
+def round_robin(programs: Sequence[dict]) -> list[dict]:
+    """Order programs task by task in turns (each task's own order kept), so a run stopped early
+    covers every task evenly."""
+    by_task: dict[str, list] = {}
+    for p in programs:
+        by_task.setdefault(p["task_key"], []).append(p)
+    queues = [v for _, v in sorted(by_task.items())]
+    out = []
     for k in range(max((len(q) for q in queues), default=0)):
-        order.extend(q[k] for q in queues if k < len(q))
-    return order
+        out.extend(q[k] for q in queues if k < len(q))
+    return out
 
 
 def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = None,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from ..errors import TensorplanError
 from ..progress import progress_bar
 from .dataset import (NETWORK_KIND, PROGRAM_KIND, TAG, TASK_KIND, TIMER_VERSION, CollectStats, _TaskState, _seed,
-                      default_data_dir, sample_schedule, task_arrays, trace_json)
+                      default_data_dir, round_robin, sample_schedule, task_arrays, trace_json)
 
 DEFAULT_GPU_TARGET = "nvidia/nvidia-h100"
 
@@ -117,18 +117,6 @@ def read_programs(path: str | Path) -> list[dict]:
     if rows and not need <= set(rows[0]):
         raise TensorplanError(f"programs file '{path}' lacks columns {sorted(need - set(rows[0]))}; sample it again")
     return rows
-
-
-def round_robin(programs: Sequence[dict]) -> list[dict]:
-    """Order programs so that a run stopped early covers every task evenly."""
-    by_task: dict[str, list] = {}
-    for p in programs:
-        by_task.setdefault(p["task_key"], []).append(p)
-    queues = [v for _, v in sorted(by_task.items())]
-    out = []
-    for k in range(max((len(q) for q in queues), default=0)):
-        out.extend(q[k] for q in queues if k < len(q))
-    return out
 
 
 def _time_gpu(lib, args, *, min_repeat_s: float, max_kernel_s: float, repeats: int):
