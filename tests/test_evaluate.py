@@ -122,3 +122,39 @@ def test_cli_predict_with_shipped_model():
     assert out["total_ms"] == pytest.approx(sum(k["total_us"] for k in out["kernels"]) / 1e3)
     bad = CliRunner().invoke(app, ["predict", "/nonexistent/model.onnx"])
     assert bad.exit_code != 0
+
+
+def test_device_split_takes_several_source_domains():
+    """CDMPP's cross-device recipe: pre-train on every other device, then few-shot on the target.
+    Real records of three domains (two Zen 5 thread counts as sources, the Zen 4 CPU as target)."""
+    from tensorplan.errors import TensorplanError
+    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.predict.evaluate import device_split
+
+    ds = load_dataset().filter_stable(0.01)
+    r = ds.records
+    tasks = sorted(r.loc[r["device"] == "zen4-1t", "task_key"].unique())[:30]
+    sub = ds.subset((r["task_key"].isin(tasks) & r["device"].isin(["local-1t", "local-2t", "zen4-1t"])).to_numpy())
+    one = device_split(sub, "local-1t", "zen4-1t", per_task=2, n_tasks=4)
+    two = device_split(sub, "local-1t, local-2t", "zen4-1t", per_task=2, n_tasks=4)
+    assert set(one["train"].device_name) == {"local-1t"}
+    assert set(two["train"].device_name) == {"local-1t", "local-2t"}
+    assert len(two["train"]) > len(one["train"])
+    # the target side does not depend on the sources: same pool, same selections, same test set
+    assert set(two["test"].device_name) == {"zen4-1t"}
+    assert np.array_equal(one["test"].latency_s, two["test"].latency_s)
+    assert one["selections"]["kmeans"][2] == two["selections"]["kmeans"][2]
+    with pytest.raises(TensorplanError, match="also a source"):
+        device_split(sub, "local-1t,zen4-1t", "zen4-1t", per_task=2)
+    with pytest.raises(TensorplanError, match="no-such-cpu"):
+        device_split(sub, "local-1t,no-such-cpu", "zen4-1t", per_task=2)
+
+
+def test_evaluate_keeps_only_the_named_domains(cdmpp_small):
+    from tensorplan.errors import TensorplanError
+    ds = cdmpp_small["ds"]
+    res = evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, domains=["local-1t"])
+    assert set(res["dataset"]["devices"]) == {"local-1t"} and res["dataset"]["domains"] == ["local-1t"]
+    assert res["dataset"]["records_total"] == int((ds.records["device"] == "local-1t").sum())
+    with pytest.raises(TensorplanError, match="zen9"):
+        evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, domains=["zen9-1t"])

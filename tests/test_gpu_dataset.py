@@ -132,3 +132,26 @@ def test_committed_h100_dataset_holds_gpu_programs():
     targets = set(pq.read_table(d / "programs.parquet", columns=["target"]).column("target").to_pylist())
     assert targets == {"nvidia/nvidia-h100"}
     assert (ds.records["latency_s"] > 0).all() and ds.records["latency_s"].median() < 1e-3
+
+
+def test_cpu_and_gpu_exports_load_as_one_dataset():
+    """`--data data/cdmpp,data/cdmpp-h100`: the CPU domains and the H100 in one dataset, programs
+    kept apart, tasks shared, each domain's spec kept; one domain in two exports is refused."""
+    cpu_dir = D.default_data_dir()
+    gpu_dir = cpu_dir.parent / "cdmpp-h100"
+    if not (gpu_dir / "records.parquet").exists():
+        pytest.skip("GPU dataset not available")
+    cpu, gpu = D.load_dataset(cpu_dir), D.load_dataset(gpu_dir)
+    both = D.load_dataset(f"{cpu_dir},{gpu_dir}")
+    assert len(both) == len(cpu) + len(gpu) == len(both.leaves) == len(both.positions)
+    assert set(both.records["device"]) == set(cpu.records["device"]) | {"h100"}
+    assert set(both.devices) == set(cpu.devices) | {"h100"}
+    assert both.devices["h100"]["spec"]["kind"] == "gpu"
+    n_cpu_prog = cpu.records["prog_idx"].nunique()
+    assert both.records["prog_idx"].nunique() == n_cpu_prog + gpu.records["prog_idx"].nunique()
+    assert both.tasks["task_key"].is_unique and set(both.tasks["task_key"]) >= set(gpu.records["task_key"])
+    i = len(cpu) + 5                                   # a GPU record keeps its own leaves and label
+    assert np.array_equal(both.leaves[i], gpu.leaves[5])
+    assert both.records["latency_s"].iloc[i] == gpu.records["latency_s"].iloc[5]
+    with pytest.raises(TensorplanError, match="'h100' is in both"):
+        D.load_dataset([gpu_dir, gpu_dir])

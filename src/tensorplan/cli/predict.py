@@ -115,7 +115,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("evaluate")
     def evaluate_cmd(
-        data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: data/cdmpp/)."),
+        data: Optional[str] = typer.Option(None, "--data", help="Dataset directory (default: data/cdmpp/); "
+                                           "several, comma-separated, load as one (data/cdmpp,data/cdmpp-h100)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here "
                                            "(e.g. bench/results/cdmpp_eval.json)."),
         doc: Optional[Path] = typer.Option(None, "--doc", help="Regenerate the results block of this markdown "
@@ -125,7 +126,8 @@ def register(app: typer.Typer) -> None:
         splits: str = typer.Option("network,device,sample", "--splits", help="Comma-separated splits."),
         quick: bool = typer.Option(False, "--quick", help="Tiny epochs (smoke test, numbers meaningless)."),
         holdout: Optional[str] = typer.Option(None, "--holdout", help="Comma-separated held-out networks."),
-        source: str = typer.Option("local-2t", "--source", help="Device split: domain the models train on."),
+        source: str = typer.Option("local-2t", "--source", help="Device split: domain(s) the models train on, "
+                                    "comma-separated (e.g. local-1t,local-2t,gpuhost-1t,gpuhost-16t)."),
         target: str = typer.Option("local-1t", "--target", help="Device split: held-out domain (few-shot target), "
                                    "e.g. zen4-1t from `tensorplan dataset measure-device`."),
         fewshot_tasks: Optional[int] = typer.Option(None, "--fewshot-tasks", help="Tasks selected for few-shot."),
@@ -133,6 +135,8 @@ def register(app: typer.Typer) -> None:
         time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply every model's training budget."),
         max_spread: float = typer.Option(0.01, "--max-spread", help="Keep records whose repeat spread is <= this."),
         stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
+        devices: Optional[str] = typer.Option(None, "--devices", help="Keep only these device domains' records, "
+                                              "comma-separated (default: all; e.g. local-1t,local-2t)."),
         json_out: bool = typer.Option(False, "--json", help="Print the result JSON."),
     ) -> None:
         """Train and score CDMPP and the baselines on the same splits; write JSON and a markdown table."""
@@ -142,7 +146,7 @@ def register(app: typer.Typer) -> None:
                        holdout_networks=holdout.split(",") if holdout else None, fewshot_tasks=fewshot_tasks,
                        source_device=source, target_device=target,
                        fewshot_per_task=per_task, time_scale=time_scale, max_cov=max_spread,
-                       stability=stability, log=_log)
+                       stability=stability, domains=devices.split(",") if devices else None, log=_log)
         if out:
             save_results(res, out)
             _log(f"wrote {out}")

@@ -1055,9 +1055,16 @@ class Dataset:
         }
 
 
-def load_dataset(path: str | Path | None = None) -> Dataset:
-    """Load the exported dataset (default: the committed `data/cdmpp/`)."""
-    import pandas as pd
+def load_dataset(path: str | Path | Sequence[str | Path] | None = None) -> Dataset:
+    """Load the exported dataset (default: the committed `data/cdmpp/`).
+
+    Several directories (a list, or one string joined by commas, e.g.
+    `data/cdmpp,data/cdmpp-h100`) load as one dataset (`concat_datasets`): how the CPU domains and
+    the GPU domain, exported separately, are trained on together.
+    """
+    if isinstance(path, (list, tuple)) or (path is not None and "," in str(path)):
+        parts = list(path) if isinstance(path, (list, tuple)) else [p for p in str(path).split(",") if p.strip()]
+        return concat_datasets([load_dataset(Path(str(p).strip())) for p in parts])
     import pyarrow.parquet as pq
     d = Path(path) if path else default_data_dir()
     need = ["records.parquet", "programs.parquet", "tasks.parquet", "features.npz", "meta.json"]
@@ -1099,6 +1106,40 @@ def load_dataset(path: str | Path | None = None) -> Dataset:
                       else float("inf") for x in rec["repeats"]]
     return Dataset(rec, [p_leaves[i] for i in pi], [p_pos[i] for i in pi], tasks, meta.get("devices", {}), str(d),
                    [p_pre[i] for i in pi])
+
+
+def concat_datasets(parts: Sequence[Dataset]) -> Dataset:
+    """One dataset from several exports (e.g. the CPU domains and the GPU domain).
+
+    Programs stay distinct (`prog_idx` is offset per part); a task in several parts is kept once;
+    a device domain may appear in only one part, since two parts measuring the same domain would be
+    two different records of it with no way to tell which one to trust.
+    """
+    import pandas as pd
+    if not parts:
+        raise TensorplanError("concat_datasets: no datasets given")
+    if len(parts) == 1:
+        return parts[0]
+    seen: dict[str, str] = {}
+    for ds in parts:
+        for dev in ds.records["device"].unique():
+            if dev in seen:
+                raise TensorplanError(f"concat_datasets: device domain '{dev}' is in both '{seen[dev]}' and "
+                                      f"'{ds.path}'; merge it into one export (`tensorplan dataset merge-device`)")
+            seen[dev] = ds.path
+    recs, off = [], 0
+    for ds in parts:
+        r = ds.records.copy()
+        r["prog_idx"] = r["prog_idx"] + off
+        off = int(r["prog_idx"].max()) + 1 if len(r) else off
+        recs.append(r)
+    rec = pd.concat(recs, ignore_index=True)
+    rec["record_id"] = np.arange(len(rec), dtype=np.int64)
+    tasks = pd.concat([ds.tasks for ds in parts], ignore_index=True).drop_duplicates("task_key").reset_index(drop=True)
+    devices = {k: v for ds in parts for k, v in ds.devices.items() if k in seen}
+    return Dataset(rec, [x for ds in parts for x in ds.leaves], [x for ds in parts for x in ds.positions], tasks,
+                   devices, ",".join(ds.path for ds in parts),
+                   [x for ds in parts for x in ds.preorders] if all(ds.preorders for ds in parts) else [])
 
 
 def task_module(ds: Dataset, task_key: str):

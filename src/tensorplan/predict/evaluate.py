@@ -3,9 +3,11 @@
 Splits (reference/cdmpp.md §2.6, §3, §4):
 - `network`: whole networks held out; their kernels are never seen in training (CDMPP's `by_net`).
   CDMPP's CMD pulls the training embeddings towards the (unlabelled) held-out programs.
-- `device`: train on the source domain (`local-2t`), predict the target domain (`local-1t`) zero-shot
-  and after few-shot fine-tuning on k target samples chosen by KMeans task selection, vs the same
-  number chosen at random. Baselines refit on source + the same k samples.
+- `device`: train on the source domain(s) (default `local-2t`), predict the target domain (`local-1t`)
+  zero-shot and after few-shot fine-tuning on k target samples chosen by KMeans task selection, vs
+  the same number chosen at random. Baselines refit on source + the same k samples. Several source
+  domains (CDMPP's cross-device recipe pre-trains on every other device) let the device-feature
+  path learn how a device's figures move latency; with one source it sees a single device vector.
 - `sample`: CDMPP's default 80/20 split over records sorted by latency (test kernels seen in training).
 
 Metrics per model: MAPE, RMSE, accuracy within ±10% / ±20%, mean within-task Spearman rank
@@ -234,9 +236,19 @@ def network_split(ds, holdout: Sequence[str], seed: int = 0, data: "_Data | None
     return D.arrays(tr_i), (D.arrays(va_i) if va_i is not None else None), D.arrays(D.idx(te_ds))
 
 
-def device_split(ds, source: str, target: str, per_task: int, seed: int = 0, n_tasks: int | None = None,
-                 data: "_Data | None" = None) -> dict:
+def source_domains(source: str | Sequence[str]) -> list[str]:
+    """`local-1t,gpuhost-16t` or a list -> the list of source domain names (at least one)."""
+    names = [s.strip() for s in (source.split(",") if isinstance(source, str) else source) if s.strip()]
+    if not names:
+        raise TensorplanError("evaluate: no source device domain given (e.g. --source local-2t)")
+    return names
+
+
+def device_split(ds, source: str | Sequence[str], target: str, per_task: int, seed: int = 0,
+                 n_tasks: int | None = None, data: "_Data | None" = None) -> dict:
     """The harness's held-out-device split with its few-shot selections.
+
+    `source`: one domain or several (comma-separated); the target must not be among them.
 
     Returns train/val (source device), pool (every target record), selections
     {method: (few-shot indices into pool, rest, tasks)} for "kmeans" and "random", and test: the
@@ -245,10 +257,15 @@ def device_split(ds, source: str, target: str, per_task: int, seed: int = 0, n_t
     from .finetune import few_shot_split
 
     D = data or _Data(ds)
-    src_i = np.flatnonzero(D.arr.device_name == source)
+    sources = source_domains(source)
+    if target in sources:
+        raise TensorplanError(f"evaluate: the target domain '{target}' is also a source; hold it out")
+    have = set(np.unique(D.arr.device_name))
+    missing = [d for d in [*sources, target] if d not in have]
+    if missing:
+        raise TensorplanError(f"evaluate: no stable records on {missing}; domains with records: {sorted(have)}")
+    src_i = np.flatnonzero(np.isin(D.arr.device_name, sources))
     tgt_i = np.flatnonzero(D.arr.device_name == target)
-    if len(src_i) == 0 or len(tgt_i) == 0:
-        raise TensorplanError(f"evaluate: need records on both '{source}' and '{target}'")
     pool = D.arrays(tgt_i)
     S = n_tasks or max(2, min(len(np.unique(pool.task_key)) // 5, 40))
     sel = {m: few_shot_split(pool, S, per_task, m, seed) for m in ("kmeans", "random")}
@@ -262,20 +279,32 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
              quick: bool = False, seed: int = 0, holdout_networks: Sequence[str] | None = None,
              source_device: str = "local-2t", target_device: str = "local-1t",
              fewshot_tasks: int | None = None, fewshot_per_task: int = 8, max_cov: float | None = 0.01,
-             stability: str = "mad", time_scale: float = 1.0, log: Callable[[str], None] | None = None) -> dict:
-    """Train and score every model on every split; returns the JSON-able result document."""
+             stability: str = "mad", time_scale: float = 1.0, domains: Sequence[str] | None = None,
+             log: Callable[[str], None] | None = None) -> dict:
+    """Train and score every model on every split; returns the JSON-able result document.
+
+    `domains`: keep only these device domains' records (e.g. the collection CPU's `local-1t`,
+    `local-2t`, so a published run stays reproducible after other domains are merged in).
+    """
     from .dataset import load_dataset
 
     log = log or (lambda s: None)
     t_all = time.perf_counter()
     raw = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
+    if domains:
+        have = set(raw.records["device"].unique())
+        bad = [d for d in domains if d not in have]
+        if bad:
+            raise TensorplanError(f"evaluate: no records on domain(s) {bad} in '{raw.path}'; it has {sorted(have)}")
+        raw = raw.subset(raw.records["device"].isin(list(domains)).to_numpy())
     ds = raw.filter_stable(max_cov=max_cov, metric=stability) if max_cov is not None else raw
     if len(ds) == 0:
         raise TensorplanError(f"evaluate: no stable records ({stability} <= {max_cov}) in '{raw.path}'")
     D = _Data(ds)
     res: dict[str, Any] = {
         "format": "tensorplan-cdmpp-eval/1", "quick": quick, "seed": seed,
-        "dataset": {"path": raw.path, "records_total": len(raw), "records_stable": len(ds),
+        "dataset": {"path": raw.path, "domains": list(domains) if domains else None,
+                    "records_total": len(raw), "records_stable": len(ds),
                     "max_cov": max_cov, "stability": stability, "tasks": int(ds.records["task_key"].nunique()),
                     "devices": {d: int(c) for d, c in ds.records["device"].value_counts().sort_index().items()}},
         "models": list(models), "splits": {}, "goals": dict(GOALS),
@@ -308,12 +337,16 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
         tr, va, te, pool, sel, S = dv["train"], dv["val"], dv["test"], dv["pool"], dv["selections"], dv["n_tasks"]
         unl = pool.subset(np.arange(len(pool)))
         unl.latency_s = None
-        out = {"source": source_device, "target": target_device, "n_train": len(tr), "n_test": len(te),
+        sources = source_domains(source_device)
+        # Calibration corrects the base model's prediction *as on* one device: the source when there
+        # is one; with several, the target's own vector (the model has seen devices vary).
+        calib_dev = sources[0] if len(sources) == 1 else target_device
+        out = {"source": ",".join(sources), "calibrated_with_device": calib_dev, "target": target_device, "n_train": len(tr), "n_test": len(te),
                "fewshot": {m: {"n_tasks": S, "per_task": fewshot_per_task, "n_target_samples": int(len(v[0])),
                                "tasks": v[2], "selection_cmd": selection_cmd(pool, v[0])}
                            for m, v in sel.items()},
                "models": {}}
-        log(f"[device] {source_device}->{target_device}: train {len(tr)} test {len(te)}; "
+        log(f"[device] {','.join(sources)}->{target_device}: train {len(tr)} test {len(te)}; "
             f"few-shot {S} tasks x {fewshot_per_task} = {len(sel['kmeans'][0])} (kmeans) / "
             f"{len(sel['random'][0])} (random) samples")
         for name in models:
@@ -322,8 +355,8 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
             entry = {"train_time_s": tt, "zero_shot": _score(mdl, te)}
             for method, (ft, rest, _) in sel.items():   # the same samples calibrate the unchanged model
                 t0 = time.perf_counter()
-                cal = Calibrated(mdl, source=source_device, seed=seed,
-                                 source_features=device_features(source_device, ds.devices).tolist()).fit(pool.subset(ft))
+                cal = Calibrated(mdl, source=calib_dev, seed=seed,
+                                 source_features=device_features(calib_dev, ds.devices).tolist()).fit(pool.subset(ft))
                 sc = _score(cal, te)
                 sc["adapt_time_s"] = time.perf_counter() - t0
                 sc["n_target_samples"] = int(len(ft))
