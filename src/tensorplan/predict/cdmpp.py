@@ -962,9 +962,9 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     from .dataset import load_dataset
 
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
-    ds = ds.filter_stable(max_cov=max_cov, metric=stability)
     if devices:
-        ds = ds.subset(ds.records["device"].isin(list(devices)).to_numpy())
+        ds = ds.only_devices(devices)
+    ds = ds.filter_stable(max_cov=max_cov, metric=stability)
     if len(ds) == 0:
         raise TensorplanError(f"train: no stable records for devices {devices or 'any'} in '{ds.path}'")
     arr = as_arrays(ds)

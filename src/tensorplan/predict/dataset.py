@@ -948,6 +948,15 @@ class Dataset:
     def device(self, name: str) -> "Dataset":
         return self.subset(self.records["device"].to_numpy() == name)
 
+    def only_devices(self, names: Sequence[str]) -> "Dataset":
+        """Records of these device domains; a name with no records is an error (a typo would
+        otherwise train or evaluate on nothing, or on less than asked)."""
+        have = set(self.records["device"].unique())
+        bad = [d for d in names if d not in have]
+        if bad:
+            raise TensorplanError(f"no records on device domain(s) {bad} in '{self.path}'; it has {sorted(have)}")
+        return self.subset(self.records["device"].isin(list(names)).to_numpy())
+
     def split(self, kind: str = "network", holdout: Any = None, seed: int = 0,
               test_fraction: float = 0.2) -> tuple["Dataset", "Dataset"]:
         """(train, test) split.

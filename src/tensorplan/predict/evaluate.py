@@ -292,11 +292,7 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
     t_all = time.perf_counter()
     raw = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
     if domains:
-        have = set(raw.records["device"].unique())
-        bad = [d for d in domains if d not in have]
-        if bad:
-            raise TensorplanError(f"evaluate: no records on domain(s) {bad} in '{raw.path}'; it has {sorted(have)}")
-        raw = raw.subset(raw.records["device"].isin(list(domains)).to_numpy())
+        raw = raw.only_devices(domains)
     ds = raw.filter_stable(max_cov=max_cov, metric=stability) if max_cov is not None else raw
     if len(ds) == 0:
         raise TensorplanError(f"evaluate: no stable records ({stability} <= {max_cov}) in '{raw.path}'")
@@ -341,7 +337,8 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
         # Calibration corrects the base model's prediction *as on* one device: the source when there
         # is one; with several, the target's own vector (the model has seen devices vary).
         calib_dev = sources[0] if len(sources) == 1 else target_device
-        out = {"source": ",".join(sources), "calibrated_with_device": calib_dev, "target": target_device, "n_train": len(tr), "n_test": len(te),
+        out = {"source": ",".join(sources), "calibrated_with_device": calib_dev, "target": target_device,
+               "n_train": len(tr), "n_test": len(te),
                "fewshot": {m: {"n_tasks": S, "per_task": fewshot_per_task, "n_target_samples": int(len(v[0])),
                                "tasks": v[2], "selection_cmd": selection_cmd(pool, v[0])}
                            for m, v in sel.items()},
