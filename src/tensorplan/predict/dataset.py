@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -646,28 +646,19 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     try:
         with progress_bar(f"measure {prefix}", len(todo), progress) as advance:
             for p, timings in timed():
-                payload = {k: p[k] for k in ("task_key", "index", "space", "seed")}
-                payload["trace"] = json.loads(p["trace"])
-                with st.transaction():
-                    if not isinstance(timings, str):
-                        pk = st.put_program(PROGRAM_KIND, payload)
-                        st.put_measurements([(pk, dev_keys[t], timings[t], TAG,
-                                              {"timer": TIMER_VERSION, "dataset_prog_key": p["prog_key"]})
-                                             for t in threads])
-                        stats.records += len(threads)
-                        stats.programs += 1
-                    elif timings == "failed":
-                        stats.failed_build += 1
-                    else:
-                        stats.too_slow += 1
-                    job.mark_done(p["prog_key"])
+                def put(p=p, timings=timings) -> int:
+                    payload = {k: p[k] for k in ("task_key", "index", "space", "seed")}
+                    payload["trace"] = json.loads(p["trace"])
+                    pk = st.put_program(PROGRAM_KIND, payload)
+                    st.put_measurements([(pk, dev_keys[t], timings[t], TAG,
+                                          {"timer": TIMER_VERSION, "dataset_prog_key": p["prog_key"]})
+                                         for t in threads])
+                    return len(threads)
+                record_outcome(st, job, stats, p["prog_key"], timings, put)
                 advance(1)
-                if budget_minutes and time.time() - t_start > budget_minutes * 60:
+                stop, last = pace(f"measure-device {prefix}", stats, t_start, last, budget_minutes, log)
+                if stop:
                     break           # checked after recording: what was timed is kept
-                if time.time() - last > 60:
-                    last = time.time()
-                    log(f"measure-device {prefix} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
-                        f"({stats.records / (last - t_start):.2f} rec/s)")
     finally:
         if pre is not None:
             pre.close()
@@ -675,6 +666,34 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     stats.seconds = time.time() - t_start
     log(f"measure-device {prefix}: {json.dumps(stats.to_dict())}")
     return stats
+
+
+def record_outcome(st, job, stats: CollectStats, done_key: str, outcome: Any, put: Callable[[], int]) -> None:
+    """Record one program's outcome in one store transaction and mark it done in the resumable job:
+    a timing is written by `put()` (returns the records written); "failed" / "too_slow" are counted."""
+    with st.transaction():
+        if not isinstance(outcome, str):
+            stats.records += put()
+            stats.programs += 1
+        elif outcome == "failed":
+            stats.failed_build += 1
+        else:
+            stats.too_slow += 1
+        job.mark_done(done_key)
+
+
+def pace(what: str, stats: CollectStats, t_start: float, last: float, budget_minutes: float | None,
+         log: Callable[[str], None]) -> tuple[bool, float]:
+    """After each measured program: (budget spent?, time of the last progress line), logging one
+    line a minute."""
+    now = time.time()
+    if budget_minutes and now - t_start > budget_minutes * 60:
+        return True, last
+    if now - last > 60:
+        log(f"{what} [{(now - t_start) / 60:.1f} min] programs {stats.programs} "
+            f"({stats.records / (now - t_start):.2f} rec/s)")
+        return False, now
+    return False, last
 
 
 def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = None,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from ..errors import TensorplanError
 from ..progress import progress_bar
 from .dataset import (NETWORK_KIND, PROGRAM_KIND, TAG, TASK_KIND, TIMER_VERSION, CollectStats, _TaskState, _seed,
-                      default_data_dir, round_robin, sample_schedule, task_arrays, trace_json)
+                      default_data_dir, pace, record_outcome, round_robin, sample_schedule, task_arrays, trace_json)
 
 DEFAULT_GPU_TARGET = "nvidia/nvidia-h100"
 
@@ -214,26 +214,17 @@ def measure_gpu(name: str, programs: Sequence[dict], *, data: str | Path | None 
                     Path(path).unlink(missing_ok=True)
                 elif stats.failed_build < 5:
                     log(f"measure-gpu: program {tk}:{p['index']} failed to build: {extra}")
-                with st.transaction():
-                    if not isinstance(timing, str):
-                        payload = {k_: p[k_] for k_ in ("task_key", "index", "space", "seed", "target")}
-                        payload["trace"] = json.loads(p["trace"])
-                        pk = st.put_program(PROGRAM_KIND, payload)
-                        st.put_measurements([(pk, dev_key, timing, TAG, {"timer": TIMER_VERSION})])
-                        stats.records += 1
-                        stats.programs += 1
-                    elif timing == "failed":
-                        stats.failed_build += 1
-                    else:
-                        stats.too_slow += 1
-                    job.mark_done(f"{tk}:{p['index']}")
+                def put(p=p, timing=timing) -> int:
+                    payload = {k_: p[k_] for k_ in ("task_key", "index", "space", "seed", "target")}
+                    payload["trace"] = json.loads(p["trace"])
+                    pk = st.put_program(PROGRAM_KIND, payload)
+                    st.put_measurements([(pk, dev_key, timing, TAG, {"timer": TIMER_VERSION})])
+                    return 1
+                record_outcome(st, job, stats, f"{tk}:{p['index']}", timing, put)
                 advance(1)
-                if budget_minutes and time.time() - t_start > budget_minutes * 60:
+                stop, last = pace(f"measure-gpu {name}", stats, t_start, last, budget_minutes, log)
+                if stop:
                     break           # checked after recording: what was timed is kept
-                if time.time() - last > 60:
-                    last = time.time()
-                    log(f"measure-gpu {name} [{(last - t_start) / 60:.1f} min] programs {stats.programs} "
-                        f"({stats.records / (last - t_start):.2f} rec/s)")
     finally:
         pre.close()
         tmp.cleanup()
