@@ -28,6 +28,8 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
          top: int = typer.Option(15, "--top", help="How many worst tasks to print."),
          holdout: str = typer.Option(HOLDOUT, "--holdout", help="Comma-separated held-out networks."),
          without: str = typer.Option("", "--without", help="Comma-separated networks to leave out of training."),
+         devices: str = typer.Option("", "--devices", help="Keep only these device domains' records "
+                                     "(local-1t,local-2t: the data the earlier lines of the JSONL were run on)."),
          out: Path = typer.Option(Path("bench/results/cdmpp_ood.jsonl"), "--out")) -> None:
     import pandas as pd
 
@@ -36,7 +38,10 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
     from tensorplan.predict.evaluate import network_split
 
     kw = json.loads(params)
-    ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
+    ds = load_dataset(None)
+    if devices:
+        ds = ds.only_devices([d for d in devices.split(",") if d])
+    ds = ds.filter_stable(max_cov=0.01, metric="mad")
     hold = [h for h in holdout.split(",") if h]
     tr, va, te = network_split(ds, hold, seed)
     drop = {w for w in without.split(",") if w}
@@ -49,6 +54,7 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
     m = CDMPP(**{"epochs": 4000, "max_time_s": seconds, "seed": seed, **kw}).fit(tr, va, unlabelled)
     pred = m.predict(te)
     res = {"params": kw, "seconds": seconds, "seed": seed, "holdout": hold, "without": sorted(drop),
+           "devices": sorted(set(ds.records["device"])) if "device" in ds.records else None,
            "n_train": len(tr), "n_test": len(te), "networks": len({k for v in ds.records["networks"] for k, _ in v}),
            "test": regression_metrics(pred, te.latency_s)}
     ratio = pred / te.latency_s

@@ -122,3 +122,15 @@ def test_task_io_from_script_and_tlp_task_row(cdmpp_small):
     assert valid[:, 0].all() and bool((x[0, 1:] == x[1, 1:]).all()) and not bool((x[0, 0] == x[1, 0]).all())
     with pytest.raises(TensorplanError, match="def main"):
         buffer_shapes("no function here")
+
+
+def test_task_io_of_a_parsed_program_matches_its_script(cdmpp_small):
+    """What the planner and `predict` compute from an in-memory kernel equals what the dataset read
+    from the task's TVMScript signature."""
+    from tensorplan.predict.tasks import task_from_script, task_io_of, task_io_vector
+
+    tasks = cdmpp_small["ds"].tasks.head(5)
+    for _, t in tasks.iterrows():
+        mod = task_from_script(t["task_key"], t["task_name"], t["script"], {}, 0.0).mod
+        assert task_io_of(mod) == pytest.approx(task_io_vector(t["script"]))
+        assert task_io_of(mod["main"]) == task_io_of(mod)

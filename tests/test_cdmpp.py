@@ -161,15 +161,17 @@ def test_boxcox_target_roundtrip_and_bounded(small):
     assert np.all(np.isfinite(wild)) and wild[0] > 0
 
 
-def test_cdmpp_cost_for_planner(small):
-    """CDMPPCost implements the planner's KernelCost protocol on real fused candidates."""
+@pytest.mark.parametrize("base", ["none", "roofline"])
+def test_cdmpp_cost_for_planner(small, base):
+    """CDMPPCost implements the planner's KernelCost protocol on real fused candidates (also for a
+    roofline-relative model, which needs each kernel's FLOPs and output size)."""
     from tensorplan.cost import AnalyticalCost, KernelCost
     from tensorplan.graph import zoo
     from tensorplan.graph.fission import fission
     from tensorplan.plan.candidates import enumerate_candidates
     from tensorplan.predict.cdmpp import CDMPPCost
 
-    m = CDMPP(epochs=2, batch_size=64, seed=0).fit(as_arrays(small["train"]))
+    m = CDMPP(epochs=2, batch_size=64, seed=0, base=base).fit(as_arrays(small["train"]))
     prim = fission(zoo.load("tiny-mlp")).graph
     cands = enumerate_candidates(prim, max_nodes=3)[:12]
     cm = CDMPPCost(m, device="local", fallback=AnalyticalCost("local"))
@@ -191,3 +193,49 @@ def test_weights_from_another_network_shape_fail_clearly(small, tmp_path):
     torch.save(blob, path)
     with pytest.raises(TensorplanError, match="retrain"):
         CDMPP.load(path)
+
+
+def test_roofline_seconds_takes_the_larger_byte_count(small):
+    """The bound uses the task's buffer sizes where region analysis under-reports the bytes."""
+    from tensorplan.predict.cdmpp import device_peak_bw, program_bytes, roofline_seconds
+
+    arr = as_arrays(small["train"])
+    assert arr.task_io is not None and arr.flops is not None
+    peak, bw = device_peak_bw(arr)
+    plain = arr.subset(np.arange(len(arr)))
+    plain.task_io = None
+    only_features = np.maximum(np.maximum(arr.flops / peak, program_bytes(arr) / bw), 1e-9)
+    np.testing.assert_allclose(roofline_seconds(plain), only_features)
+    big = arr.subset(np.arange(len(arr)))
+    big.task_io = np.where(arr.task_io > 0, arr.task_io + 10.0, 0.0).astype(np.float32)  # 1024x the elements
+    r, rb = roofline_seconds(arr), roofline_seconds(big)
+    assert np.all(r >= only_features - 1e-15) and np.all(rb >= r)
+    assert np.all(rb > 100 * only_features * (only_features == program_bytes(arr) / bw) + 0)
+
+
+def test_roofline_base_predicts_an_efficiency_factor(small, tmp_path):
+    """base="roofline": the net's output times the program's bound on its device is the prediction;
+    the option survives save/load and bad values fail clearly."""
+    from tensorplan.predict.cdmpp import load_estimator, roofline_seconds
+
+    tr, te = as_arrays(small["train"]), as_arrays(small["test"])
+    m = CDMPP(epochs=30, batch_size=64, seed=0, base="roofline").fit(tr)
+    z = m._run(te, 4096, want_embedding=False)
+    np.testing.assert_allclose(m.predict(te), m.ytf.inverse(z) * roofline_seconds(te), rtol=1e-6)
+    ly = np.log(tr.latency_s)
+    assert np.mean(np.abs(np.log(m.predict(tr)) - ly)) < 0.6 * np.mean(np.abs(ly.mean() - ly))
+    back = load_estimator(m.save(tmp_path / "rf.pt"))
+    assert back.base == "roofline"
+    np.testing.assert_allclose(back.predict(te), m.predict(te), rtol=1e-5)
+    with pytest.raises(TensorplanError, match="base"):
+        CDMPP(base="flops")
+
+
+def test_task_io_input_needs_the_task_sizes(small):
+    tr = as_arrays(small["train"])
+    m = CDMPP(epochs=2, batch_size=64, seed=0, task_io=True).fit(tr)
+    assert np.all(np.isfinite(m.predict(tr)))
+    bare = tr.subset(np.arange(8))
+    bare.task_io = None
+    with pytest.raises(TensorplanError, match="task_io"):
+        m.predict(bare)

@@ -23,31 +23,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import TensorplanError
-from .cdmpp import (LEAF_DIM, Estimator, FeatureScaler, ProgramArrays, _labelled, as_arrays,
-                    register, torch_threads)
+from .cdmpp import (LEAF_DIM, Estimator, FeatureScaler, ProgramArrays, _labelled, as_arrays, device_peak_bw,
+                    program_bytes, register, torch_threads)
 from .tasks import TASK_IO_DIM
-
-# Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; slot field 4 is
-# unique_bytes (after the 3-way acc_type one-hot and `bytes`). Values are slog-scaled.
-_BUF0, _BUF_W, _N_BUF, _UNIQUE_BYTES = 57, 18, 5, 4
-
-
-def _inv_slog(x: np.ndarray) -> np.ndarray:
-    return np.sign(x) * (np.power(2.0, np.abs(x)) - 1.0)
-
 
 def summed_features(arr: ProgramArrays) -> np.ndarray:
     """[N, 164 + 1 + D]: per-store features summed over stores, log2 leaf count, device vector."""
     sums = np.add.reduceat(arr.leaf_data.astype(np.float64), arr.offsets[:-1], axis=0) if len(arr) else \
         np.zeros((0, LEAF_DIM))
     return np.hstack([sums, np.log2(arr.n_leaves)[:, None], arr.device]).astype(np.float32)
-
-
-def program_bytes(arr: ProgramArrays) -> np.ndarray:
-    """Unique bytes touched per program: sum over stores and buffer slots (de-slogged)."""
-    cols = [_BUF0 + _BUF_W * j + _UNIQUE_BYTES for j in range(_N_BUF)]
-    per_leaf = _inv_slog(arr.leaf_data[:, cols].astype(np.float64)).clip(min=0).sum(1)
-    return np.add.reduceat(per_leaf, arr.offsets[:-1]) if len(arr) else np.zeros(0)
 
 
 def _log_target(y: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -495,14 +479,9 @@ class RooflineLinear(Estimator):
 
     @staticmethod
     def _design(arr: ProgramArrays) -> np.ndarray:
-        from ..devices import FEATURE_NAMES
-
         if arr.flops is None:
             raise TensorplanError("roofline: the records carry no FLOP counts (column 'flops')")
-        # peak and bandwidth from each record's device vector (the spec recorded with the data)
-        peak = (10.0 ** arr.device[:, FEATURE_NAMES.index("log10_peak_gflops")].astype(np.float64) - 1) * 1e9
-        bw = (10.0 ** arr.device[:, FEATURE_NAMES.index("log10_mem_bw_gbs")].astype(np.float64) - 1) * 1e9
-        peak, bw = np.maximum(peak, 1.0), np.maximum(bw, 1.0)
+        peak, bw = device_peak_bw(arr)
         tc = np.log(np.maximum(arr.flops, 1.0) / peak)
         tm = np.log(np.maximum(program_bytes(arr), 1.0) / bw)
         return np.stack([np.ones(len(arr)), tc, tm, np.maximum(tc, tm)], axis=1)

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..errors import TensorplanError
+from .tasks import TASK_IO_DIM
 
 LEAF_DIM = 164
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -170,9 +171,11 @@ class ProgramArrays:
     def from_programs(cls, leaves: Sequence[np.ndarray], positions: Sequence[np.ndarray],
                       device: str | Sequence[str], task_key: Sequence[str] | None = None,
                       latency_s: Sequence[float] | None = None, flops: Sequence[float] | None = None,
-                      trace: Sequence | None = None, specs: dict | None = None) -> "ProgramArrays":
+                      trace: Sequence | None = None, specs: dict | None = None,
+                      task_io: Sequence[Sequence[float]] | None = None) -> "ProgramArrays":
         """Build from per-program leaf matrices (e.g. `features.compact_ast(f).leaf_features`);
-        `specs`: recorded device specs by name (see `device_features`)."""
+        `specs`: recorded device specs by name (see `device_features`); `task_io`: per program,
+        `tasks.task_io_of` (what a roofline-relative or task-size-aware CDMPP reads)."""
         N = len(leaves)
         names = np.array([device] * N if isinstance(device, str) else list(device), dtype=object)
         for i, lf in enumerate(leaves):
@@ -191,7 +194,8 @@ class ProgramArrays:
             task_key=np.array(list(task_key) if task_key is not None else [""] * N, dtype=object),
             latency_s=None if latency_s is None else np.asarray(latency_s, np.float64),
             flops=None if flops is None else np.asarray(flops, np.float64),
-            trace=None if trace is None else list(trace))
+            trace=None if trace is None else list(trace),
+            task_io=None if task_io is None else np.asarray(task_io, np.float32).reshape(N, -1))
 
 
 def as_arrays(data: Any) -> ProgramArrays:
@@ -223,6 +227,51 @@ def as_arrays(data: Any) -> ProgramArrays:
     except Exception:
         pass
     return arr
+
+
+# Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; slot field 4 is
+# unique_bytes (after the 3-way acc_type one-hot and `bytes`). Values are slog-scaled.
+_BUF0, _BUF_W, _N_BUF, _UNIQUE_BYTES = 57, 18, 5, 4
+
+
+def _inv_slog(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * (np.power(2.0, np.abs(x)) - 1.0)
+
+
+def program_bytes(arr: ProgramArrays) -> np.ndarray:
+    """Unique bytes touched per program: sum over stores and buffer slots (de-slogged)."""
+    cols = [_BUF0 + _BUF_W * j + _UNIQUE_BYTES for j in range(_N_BUF)]
+    per_leaf = _inv_slog(arr.leaf_data[:, cols].astype(np.float64)).clip(min=0).sum(1)
+    return np.add.reduceat(per_leaf, arr.offsets[:-1]) if len(arr) else np.zeros(0)
+
+
+def device_peak_bw(arr: ProgramArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(peak FLOP/s, memory bytes/s) of each record's device, from its device vector (the spec
+    recorded with the data, so a domain is described by the machine that measured it)."""
+    from ..devices import FEATURE_NAMES
+
+    peak = (10.0 ** arr.device[:, FEATURE_NAMES.index("log10_peak_gflops")].astype(np.float64) - 1) * 1e9
+    bw = (10.0 ** arr.device[:, FEATURE_NAMES.index("log10_mem_bw_gbs")].astype(np.float64) - 1) * 1e9
+    return np.maximum(peak, 1.0), np.maximum(bw, 1.0)
+
+
+def roofline_seconds(arr: ProgramArrays) -> np.ndarray:
+    """Roofline lower bound per program on its device: max(FLOPs / peak, bytes / bandwidth).
+
+    Bytes: the larger of the features' unique bytes and, when the records carry it, the size of the
+    task's output (`task_io[0]`, fp32): region analysis under-reports div/mod-indexed fused loops (a
+    1 MB slice read as 1 KB), but every kernel writes its whole output. The inputs' sizes are not a
+    bound: a slice reads only part of its input.
+    """
+    if arr.flops is None:
+        raise TensorplanError("cdmpp: a roofline-relative target needs the records' FLOP counts (column 'flops')")
+    peak, bw = device_peak_bw(arr)
+    nbytes = program_bytes(arr)
+    if arr.task_io is not None:
+        out_bytes = 4.0 * (np.power(2.0, arr.task_io[:, 0].astype(np.float64)) - 1.0)
+        nbytes = np.maximum(nbytes, out_bytes)
+    t = np.maximum(np.maximum(arr.flops, 0.0) / peak, nbytes / bw)
+    return np.maximum(t, 1e-9)
 
 
 class torch_threads:
@@ -533,7 +582,7 @@ def sinusoidal_table(max_pos: int, dim: int = LEAF_DIM) -> np.ndarray:
 
 def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
                dropout: float, emb_dim: int, hidden: int, max_pos: int, use_pe: bool, emb_norm: str = "layer",
-               flat_skip: bool = False):
+               flat_skip: bool = False, io_dim: int = 0):
     import torch
     from torch import nn
 
@@ -548,7 +597,8 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
             # per-sample LayerNorm by default (no train/eval mismatch; equal to batch norm when measured)
             norm = nn.BatchNorm1d(hidden) if emb_norm == "batch" else nn.LayerNorm(hidden)
             self.flat_skip = flat_skip
-            n_in = 2 * d_model + (2 * leaf_dim + 1 if flat_skip else 0)
+            self.io_dim = io_dim
+            n_in = 2 * d_model + (2 * leaf_dim + 1 if flat_skip else 0) + io_dim
             self.mlp_emb = nn.Sequential(nn.Linear(n_in, hidden), norm, nn.ReLU(),
                                          nn.Linear(hidden, emb_dim))
             self.mlp_dev = nn.Sequential(nn.Linear(dev_dim, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
@@ -561,9 +611,10 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
                                          nn.Tanh())
             self.head = nn.Linear(hidden, 1)
 
-        def embedding(self, x, pos, valid, dev, layer: str = "r"):
+        def embedding(self, x, pos, valid, dev, layer: str = "r", io=None):
             """Returns r, the last hidden layer (where CMD aligns domains), or with layer="z" the
-            program + device embedding that feeds the regressor."""
+            program + device embedding that feeds the regressor. `io`: the task's log2 buffer sizes
+            (only when the net was built with io_dim > 0)."""
             vm = valid.unsqueeze(-1).to(x.dtype)
             cnt = vm.sum(1).clamp(min=1.0)
             flat = None
@@ -579,13 +630,15 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
             pooled = torch.cat([s / cnt, s / 8.0], dim=1)  # mean | scaled sum over valid leaves
             if flat is not None:
                 pooled = torch.cat([pooled, flat], dim=1)
+            if self.io_dim:
+                pooled = torch.cat([pooled, io / 16.0], dim=1)
             z = self.mlp_emb(pooled)
             z = self.norm0(z) + self.norm0(self.mlp_dev(dev))
             return z if layer == "z" else self.mlp_reg(z)
 
-        def forward(self, x, pos, valid, dev, layer: str = "r"):
+        def forward(self, x, pos, valid, dev, layer: str = "r", io=None):
             """(normalised prediction, the `layer` embedding)."""
-            z = self.embedding(x, pos, valid, dev, layer="z")
+            z = self.embedding(x, pos, valid, dev, layer="z", io=io)
             r = self.mlp_reg(z)
             return self.head(r).squeeze(-1), (z if layer == "z" else r)
 
@@ -602,7 +655,7 @@ class CDMPP(Estimator):
     def __init__(self, d_model: int = 64, n_layers: int = 1, n_heads: int = 4, d_ff: int = 128,
                  dropout: float = 0.05, emb_dim: int = 64, hidden: int = 192, max_leaves: int = 64,
                  max_pos: int = 1024, use_pe: bool = True, target: str = "log", emb_norm: str = "layer",
-                 flat_skip: bool = False,
+                 flat_skip: bool = False, task_io: bool = False, base: str = "none",
                  lr: float = 1e-3, weight_decay: float = 1.307e-5, batch_size: int = 128,
                  epochs: int = 60, max_time_s: float | None = None, cycle_epochs: float = 10.0,
                  w_mse: float = 1.0, w_mape: float = 0.1, ape_cap: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
@@ -614,7 +667,10 @@ class CDMPP(Estimator):
         self.max_leaves, self.max_pos, self.use_pe, self.target = max_leaves, max_pos, use_pe, target
         if emb_norm not in ("batch", "layer"):
             raise TensorplanError(f"cdmpp: emb_norm must be 'batch' or 'layer', got {emb_norm!r}")
-        self.emb_norm, self.flat_skip = emb_norm, flat_skip
+        self.emb_norm, self.flat_skip, self.task_io = emb_norm, flat_skip, task_io
+        if base not in ("none", "roofline"):
+            raise TensorplanError(f"cdmpp: base must be 'none' or 'roofline', got {base!r}")
+        self.base = base
         self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
         self.max_time_s, self.cycle_epochs = max_time_s, cycle_epochs
         self.ape_cap = ape_cap
@@ -642,16 +698,34 @@ class CDMPP(Estimator):
         return (torch.from_numpy(x), torch.from_numpy(p), torch.from_numpy(v),
                 torch.from_numpy(arr.device[idx]))
 
+    def _io(self, arr: ProgramArrays, idx: np.ndarray):
+        """The task-size input (`task_io=True`): log2 buffer element counts of each record's task."""
+        if not self.task_io:
+            return None
+        import torch
+        if arr.task_io is None:
+            raise TensorplanError("cdmpp: this model reads the task's buffer sizes (task_io=True), but the "
+                                  "records carry none; load them with `predict.dataset.load_dataset`")
+        return torch.from_numpy(np.ascontiguousarray(arr.task_io[idx, :TASK_IO_DIM], np.float32))
+
+    def _base(self, arr: ProgramArrays) -> np.ndarray:
+        """What the target is relative to: 1 s, or (`base="roofline"`) the program's roofline bound on
+        its device, so the net learns an efficiency factor that carries over to kernel families and
+        devices it has not seen (the bound scales with FLOPs, bytes, peak and bandwidth)."""
+        if self.base == "roofline":
+            return roofline_seconds(arr)
+        return np.ones(len(arr))
+
     def _check_dev(self, arr: ProgramArrays):
         if arr.device.shape[1] != self.dev_dim:
             raise TensorplanError(f"device feature width {arr.device.shape[1]} != model's {self.dev_dim}")
 
-    def _loss(self, pred, y_norm, y_s):
+    def _loss(self, pred, y_norm, y_s, base_s=1.0):
         import torch
 
         mse = torch.mean((pred - y_norm) ** 2)
         if self.w_mape:
-            p_s = self.ytf.inverse_torch(pred)
+            p_s = self.ytf.inverse_torch(pred) * base_s
             # APE capped at `ape_cap`: an over-prediction by 100x must not outweigh everything else
             # (MSE in the normalised space already pulls such outliers in)
             mape = torch.mean(torch.clamp(torch.abs(p_s - y_s) / y_s, max=self.ape_cap)).float()
@@ -672,11 +746,11 @@ class CDMPP(Estimator):
         y = _labelled(tr, "cdmpp.fit")
         torch.manual_seed(self.seed)
         self.scaler = FeatureScaler.fit(tr.leaf_data)
-        self.ytf = TargetTransform.fit(y, self.target)
+        self.ytf = TargetTransform.fit(y / self._base(tr), self.target)
         self.dev_dim = tr.device.shape[1]
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
                               self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe, self.emb_norm,
-                              self.flat_skip)
+                              self.flat_skip, TASK_IO_DIM if self.task_io else 0)
         steps_per_epoch = max(1, math.ceil(len(tr) / self.batch_size))
         self._train_loop(tr, val=as_arrays(val) if val is not None else None,
                          target=as_arrays(target) if target is not None else None,
@@ -739,7 +813,8 @@ class CDMPP(Estimator):
         # CyclicLR as in §2.5 (base lr/10 .. max lr, triangular, stepped every batch)
         sched = torch.optim.lr_scheduler.CyclicLR(opt, base_lr=lr / 10, max_lr=lr, step_size_up=cycle_steps // 2,
                                                   mode="triangular", cycle_momentum=False)
-        y_norm_all = torch.from_numpy(np.array(self.ytf.transform(tr.latency_s)))
+        base_all = torch.from_numpy(np.asarray(self._base(tr), np.float64))
+        y_norm_all = torch.from_numpy(np.array(self.ytf.transform(tr.latency_s / base_all.numpy())))
         y_s_all = torch.from_numpy(np.array(tr.latency_s, np.float64))
         use_cmd = target is not None and len(target) > 1 and self.cmd_alpha > 0
         if use_cmd:
@@ -756,14 +831,14 @@ class CDMPP(Estimator):
                 idx = batches.pop()
             net.train()
             x, p, v, d = self._tensors(tr, idx)
-            pred, r = net(x, p, v, d, self.cmd_layer)
+            pred, r = net(x, p, v, d, self.cmd_layer, self._io(tr, idx))
             it = torch.from_numpy(idx)
-            loss = self._loss(pred, y_norm_all[it], y_s_all[it])
+            loss = self._loss(pred, y_norm_all[it], y_s_all[it], base_all[it])
             dval = 0.0
             if use_cmd:
                 tidx = rng.choice(len(target), size=min(self.cmd_batch, len(target)), replace=False)
                 xt, pt, vt, dt = self._tensors(target, tidx)
-                _, rt = net(xt, pt, vt, dt, self.cmd_layer)
+                _, rt = net(xt, pt, vt, dt, self.cmd_layer, self._io(target, tidx))
                 dist = cmd(r, rt, self.cmd_k)
                 loss = loss + self.cmd_alpha * dist
                 dval = float(dist.detach())
@@ -802,7 +877,7 @@ class CDMPP(Estimator):
     def predict(self, records, batch: int = 4096) -> np.ndarray:
         """Predicted latency in seconds for every program in `records`."""
         z = self._run(records, batch, want_embedding=False)
-        return self.ytf.inverse(z)
+        return self.ytf.inverse(z) * self._base(as_arrays(records))
 
     def _run(self, records, batch, want_embedding):
         import torch
@@ -818,7 +893,7 @@ class CDMPP(Estimator):
         with torch.inference_mode(), torch_threads(self.threads):
             for s in range(0, n, batch):
                 idx = order[s:s + batch]
-                pred, r = self.net(*self._tensors(arr, idx))
+                pred, r = self.net(*self._tensors(arr, idx), "r", self._io(arr, idx))
                 out[idx] = (r if want_embedding else pred).numpy()
         return out
 
@@ -839,7 +914,7 @@ class CDMPP(Estimator):
         self.dev_dim = int(nm["dev_dim"])
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
                               self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe, self.emb_norm,
-                              self.flat_skip)
+                              self.flat_skip, TASK_IO_DIM if self.task_io else 0)
         try:
             self.net.load_state_dict(st["net"])
         except RuntimeError as e:
@@ -892,15 +967,18 @@ class CDMPPCost:
         self.stats = {"predicted": 0, "fallback": 0, "featurize_s": 0.0}
 
     def _ast(self, prim, cand):
+        """(compact AST, task_io) of the candidate's default-scheduled kernel, or None."""
         from ..program.lower import lower
         from ..program.schedule import default_schedule
         from .features import compact_ast
+        from .tasks import task_io_of
 
         if getattr(cand, "kind", "") == "opaque":
             return None
         try:
             lowered = lower(cand.graph(prim), list(cand.outputs))
-            return compact_ast(default_schedule(lowered, threads=self.threads))
+            sch = default_schedule(lowered, threads=self.threads)
+            return compact_ast(sch), task_io_of(sch)
         except Exception:  # noqa: BLE001 - not lowerable: fallback
             return None
 
@@ -909,10 +987,11 @@ class CDMPPCost:
 
     def cost_many(self, prim, cands, progress: bool = False) -> list[float]:
         todo = [c for c in cands if c.canonical_hash not in self._cache]
-        asts, keep = [], []
+        asts, ios, keep = [], [], []
         t0 = time.perf_counter()
         for c in todo:
-            a = self._ast(prim, c)
+            got = self._ast(prim, c)
+            a, io = got if got is not None else (None, None)
             if a is None or a.n_leaves == 0:
                 if self.fallback is not None:
                     self._cache[c.canonical_hash] = float(self.fallback.cost(prim, c))
@@ -924,11 +1003,12 @@ class CDMPPCost:
                 self.stats["fallback"] += 1
                 continue
             asts.append(a)
+            ios.append(io)
             keep.append(c)
         self.stats["featurize_s"] += time.perf_counter() - t0
         if asts:
             arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts],
-                                              device=self.device)
+                                              device=self.device, flops=[a.flops for a in asts], task_io=ios)
             for c, v in zip(keep, self.model.predict(arr)):
                 self._cache[c.canonical_hash] = float(v)
             self.stats["predicted"] += len(asts)
@@ -1015,7 +1095,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     """MODEL (ONNX path or zoo name) -> fused tasks -> default schedule -> features -> latency."""
     from ..graph import zoo
     from .features import compact_ast
-    from .tasks import network_tasks
+    from .tasks import network_tasks, task_io_of
 
     est = load_shipped() if weights is None else load_estimator(weights)
     dom = resolve_domain(device)
@@ -1030,16 +1110,17 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     tasks = network_tasks(path, name)
     if not tasks:
         raise TensorplanError(f"model '{model}': no fused kernels found")
-    asts, how = [], []
+    asts, how, ios = [], [], []
     for t in tasks:
         mod, h = default_task_schedule(t)
         asts.append(compact_ast(mod))
+        ios.append(task_io_of(mod))
         how.append(h)
         if log:
             log(f"{t.name}: {h}, {asts[-1].n_leaves} leaves")
     t1 = time.perf_counter()
     arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
-                                      task_key=[t.key for t in tasks])
+                                      task_key=[t.key for t in tasks], flops=[a.flops for a in asts], task_io=ios)
     # an ensemble also says how much its members disagree (std of log latency) per kernel
     logs = est.member_log_predictions(arr) if hasattr(est, "member_log_predictions") else None
     pred, spread = est.from_logs(logs) if logs is not None else (est.predict(arr), None)

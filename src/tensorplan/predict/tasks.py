@@ -176,7 +176,31 @@ def buffer_shapes(script: str) -> list[tuple[tuple[int, ...], str]]:
 def task_io_vector(script: str) -> list[float]:
     """log2 element counts of the task's output (last parameter) and of its inputs, largest first,
     zero-padded to TASK_IO_DIM: the problem size a schedule trace alone does not state."""
-    sizes = [math.prod(s) for s, _ in buffer_shapes(script)]
+    return io_vector([math.prod(s) for s, _ in buffer_shapes(script)])
+
+
+def task_io_of(prog: Any) -> list[float]:
+    """`task_io_vector` of an in-memory program (PrimFunc, IRModule with one, or Schedule), read
+    from its parameters' buffers; a symbolic dimension counts as 1."""
+    import tvm
+    from tvm import tirx
+
+    mod = prog.mod if hasattr(prog, "mod") and hasattr(prog, "trace") else prog
+    if isinstance(mod, tvm.IRModule):
+        funcs = [f for _, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+        if len(funcs) != 1:
+            raise TensorplanError(f"task_io_of: expected one PrimFunc, found {len(funcs)}")
+        mod = funcs[0]
+    sizes = []
+    for p in mod.params:                 # TVM 0.27: the parameters are the buffers themselves
+        shape = getattr(p, "shape", None)
+        if shape is not None:
+            sizes.append(math.prod(int(d) if isinstance(d, tirx.IntImm) else 1 for d in shape))
+    return io_vector(sizes)
+
+
+def io_vector(sizes: list[int]) -> list[float]:
+    """Parameter element counts (output last) -> the TASK_IO_DIM vector of `task_io_vector`."""
     if not sizes:
         return [0.0] * TASK_IO_DIM
     vec = [math.log2(1 + sizes[-1])] + [math.log2(1 + n) for n in sorted(sizes[:-1], reverse=True)]
