@@ -813,8 +813,9 @@ class CDMPP(Estimator):
         # CyclicLR as in §2.5 (base lr/10 .. max lr, triangular, stepped every batch)
         sched = torch.optim.lr_scheduler.CyclicLR(opt, base_lr=lr / 10, max_lr=lr, step_size_up=cycle_steps // 2,
                                                   mode="triangular", cycle_momentum=False)
-        base_all = torch.from_numpy(np.asarray(self._base(tr), np.float64))
-        y_norm_all = torch.from_numpy(np.array(self.ytf.transform(tr.latency_s / base_all.numpy())))
+        base = np.asarray(self._base(tr), np.float64)
+        base_all = torch.from_numpy(base)
+        y_norm_all = torch.from_numpy(np.array(self.ytf.transform(tr.latency_s / base)))
         y_s_all = torch.from_numpy(np.array(tr.latency_s, np.float64))
         use_cmd = target is not None and len(target) > 1 and self.cmd_alpha > 0
         if use_cmd:
