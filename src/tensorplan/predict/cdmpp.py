@@ -231,7 +231,7 @@ def as_arrays(data: Any) -> ProgramArrays:
 
 # Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; slot field 4 is
 # unique_bytes (after the 3-way acc_type one-hot and `bytes`). Values are slog-scaled.
-_BUF0, _BUF_W, _N_BUF, _UNIQUE_BYTES = 57, 18, 5, 4
+_BUF0, _BUF_W, _N_BUF, _BYTES, _UNIQUE_BYTES, _NO_REUSE = 57, 18, 5, 3, 4, 9
 
 
 def _inv_slog(x: np.ndarray) -> np.ndarray:
@@ -240,9 +240,64 @@ def _inv_slog(x: np.ndarray) -> np.ndarray:
 
 def program_bytes(arr: ProgramArrays) -> np.ndarray:
     """Unique bytes touched per program: sum over stores and buffer slots (de-slogged)."""
-    cols = [_BUF0 + _BUF_W * j + _UNIQUE_BYTES for j in range(_N_BUF)]
-    per_leaf = _inv_slog(arr.leaf_data[:, cols].astype(np.float64)).clip(min=0).sum(1)
+    per_leaf = _buffer_field(arr, _UNIQUE_BYTES).sum(1)
     return np.add.reduceat(per_leaf, arr.offsets[:-1]) if len(arr) else np.zeros(0)
+
+
+def _buffer_field(arr: ProgramArrays, field: int) -> np.ndarray:
+    """[n_leaves, 5] de-slogged values of one per-buffer field (offset within a slot)."""
+    cols = [_BUF0 + _BUF_W * j + field for j in range(_N_BUF)]
+    return _inv_slog(arr.leaf_data[:, cols].astype(np.float64)).clip(min=0)
+
+
+def program_footprint_traffic(arr: ProgramArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(footprint, traffic) bytes per program, summed over stores and buffer slots.
+
+    Traffic is Ansor's `bytes`: every access counted, reuse included. Footprint counts each buffer's
+    bytes once: `bytes` where the access has no reuse (each element touched once, so the count is
+    the buffer's extent), `unique_bytes` otherwise. Ansor's `unique_bytes` alone is taken at the
+    innermost loop for accesses without reuse, which makes a 1.1 MB slice look like 1 KB.
+    """
+    traffic = _buffer_field(arr, _BYTES)
+    no_reuse = arr.leaf_data[:, [_BUF0 + _BUF_W * j + _NO_REUSE for j in range(_N_BUF)]] > 0.5
+    footprint = np.where(no_reuse, traffic, _buffer_field(arr, _UNIQUE_BYTES))
+    if not len(arr):
+        return np.zeros(0), np.zeros(0)
+    return (np.add.reduceat(footprint.sum(1), arr.offsets[:-1]), np.add.reduceat(traffic.sum(1), arr.offsets[:-1]))
+
+
+def hierarchy_parts(arr: ProgramArrays) -> np.ndarray:
+    """[n, 3] seconds per program on its device: FLOPs / peak, footprint / DRAM bandwidth, traffic /
+    DRAM bandwidth. `hierarchy_seconds` weighs the last by the cache-to-DRAM bandwidth ratio."""
+    if arr.flops is None:
+        raise TensorplanError("cdmpp: a roofline-relative target needs the records' FLOP counts (column 'flops')")
+    peak, bw = device_peak_bw(arr)
+    footprint, traffic = program_footprint_traffic(arr)
+    return np.stack([np.maximum(arr.flops, 0.0) / peak, footprint / bw, traffic / bw], axis=1)
+
+
+def hierarchy_seconds(parts: np.ndarray, cache_ratio: float) -> np.ndarray:
+    """Memory-hierarchy time estimate: compute + DRAM footprint + all traffic at `cache_ratio` x the
+    DRAM bandwidth. Not a lower bound (timed kernels run on warm caches) but a tighter normaliser:
+    across the CPU dataset's tasks log(latency / estimate) spreads about a third less than with
+    `roofline_seconds` (`python bench/cdmpp_bases.py`)."""
+    return np.maximum(parts[:, 0] + parts[:, 1] + parts[:, 2] / cache_ratio, 1e-9)
+
+
+def fit_cache_ratio(parts: np.ndarray, latency_s: np.ndarray, task_key: Sequence[str] | None,
+                    grid: Sequence[float] = (1, 2, 4, 8, 16, 32)) -> float:
+    """The cache-to-DRAM bandwidth ratio that makes log(latency / estimate) most uniform across tasks
+    (std of per-task medians; per record when tasks are unknown), chosen on training data only."""
+    lat = np.asarray(latency_s, np.float64)
+    keys = np.asarray(task_key) if task_key is not None else np.arange(len(lat))
+    uniq, inv = np.unique(keys, return_inverse=True)
+    best, best_k = np.inf, float(grid[0])
+    for k in grid:
+        lr = np.log(lat / hierarchy_seconds(parts, float(k)))
+        med = np.array([np.median(lr[inv == i]) for i in range(len(uniq))]) if len(uniq) < len(lat) else lr
+        if med.std() < best:
+            best, best_k = float(med.std()), float(k)
+    return best_k
 
 
 def device_peak_bw(arr: ProgramArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -259,10 +314,10 @@ def roofline_seconds(arr: ProgramArrays) -> np.ndarray:
     """Roofline lower bound per program on its device: max(FLOPs / peak, bytes / bandwidth).
 
     Bytes: the larger of the features' unique bytes and, when the records carry it, the size of the
-    task's output (`task_io[0]`, fp32): region analysis under-reports div/mod-indexed fused loops (a
-    1 MB slice read as 1 KB), but every kernel writes its whole output. The inputs' sizes are not a
-    bound: a slice reads only part of its input.
-    """
+    task's output (`task_io[0]`, fp32): Ansor's unique bytes of an access without reuse are one
+    innermost row (a 1 MB slice counts 1 KB), but every kernel writes its whole output. The inputs'
+    sizes are not a bound: a slice reads only part of its input. `hierarchy_seconds` counts the
+    bytes properly (`program_footprint_traffic`)."""
     if arr.flops is None:
         raise TensorplanError("cdmpp: a roofline-relative target needs the records' FLOP counts (column 'flops')")
     peak, bw = device_peak_bw(arr)
@@ -668,9 +723,10 @@ class CDMPP(Estimator):
         if emb_norm not in ("batch", "layer"):
             raise TensorplanError(f"cdmpp: emb_norm must be 'batch' or 'layer', got {emb_norm!r}")
         self.emb_norm, self.flat_skip, self.task_io = emb_norm, flat_skip, task_io
-        if base not in ("none", "roofline"):
-            raise TensorplanError(f"cdmpp: base must be 'none' or 'roofline', got {base!r}")
+        if base not in ("none", "roofline", "hierarchy"):
+            raise TensorplanError(f"cdmpp: base must be 'none', 'roofline' or 'hierarchy', got {base!r}")
         self.base = base
+        self.cache_ratio: float | None = None   # fitted on the training split (base="hierarchy")
         self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
         self.max_time_s, self.cycle_epochs = max_time_s, cycle_epochs
         self.ape_cap = ape_cap
@@ -711,9 +767,15 @@ class CDMPP(Estimator):
     def _base(self, arr: ProgramArrays) -> np.ndarray:
         """What the target is relative to: 1 s, or (`base="roofline"`) the program's roofline bound on
         its device, so the net learns an efficiency factor that carries over to kernel families and
-        devices it has not seen (the bound scales with FLOPs, bytes, peak and bandwidth)."""
+        devices it has not seen (the bound scales with FLOPs, bytes, peak and bandwidth).
+        `base="hierarchy"`: compute + DRAM footprint + cache traffic (`hierarchy_seconds`), with the
+        cache-to-DRAM ratio fitted on the training split."""
         if self.base == "roofline":
             return roofline_seconds(arr)
+        if self.base == "hierarchy":
+            if self.cache_ratio is None:
+                raise TensorplanError("cdmpp: base='hierarchy' but no cache ratio was fitted; train the model first")
+            return hierarchy_seconds(hierarchy_parts(arr), self.cache_ratio)
         return np.ones(len(arr))
 
     def _check_dev(self, arr: ProgramArrays):
@@ -746,6 +808,8 @@ class CDMPP(Estimator):
         y = _labelled(tr, "cdmpp.fit")
         torch.manual_seed(self.seed)
         self.scaler = FeatureScaler.fit(tr.leaf_data)
+        if self.base == "hierarchy":
+            self.cache_ratio = fit_cache_ratio(hierarchy_parts(tr), y, tr.task_key)
         self.ytf = TargetTransform.fit(y / self._base(tr), self.target)
         self.dev_dim = tr.device.shape[1]
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
@@ -900,7 +964,10 @@ class CDMPP(Estimator):
 
     # ---------------------------------------------------------------- state
     def normalisers(self) -> dict:
-        return {"features": self.scaler.to_dict(), "target": self.ytf.to_dict(), "dev_dim": self.dev_dim}
+        nm = {"features": self.scaler.to_dict(), "target": self.ytf.to_dict(), "dev_dim": self.dev_dim}
+        if self.cache_ratio is not None:
+            nm["cache_ratio"] = self.cache_ratio
+        return nm
 
     def _state(self):
         if self.net is None:
@@ -913,6 +980,7 @@ class CDMPP(Estimator):
         self.scaler = FeatureScaler.from_dict(nm["features"])
         self.ytf = TargetTransform.from_dict(nm["target"])
         self.dev_dim = int(nm["dev_dim"])
+        self.cache_ratio = float(nm["cache_ratio"]) if "cache_ratio" in nm else None
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
                               self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe, self.emb_norm,
                               self.flat_skip, TASK_IO_DIM if self.task_io else 0)

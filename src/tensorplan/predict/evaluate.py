@@ -61,6 +61,7 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "cdmpp": lambda: CDMPP(epochs=3, batch_size=128, finetune_steps=10, **common),
             "cdmpp-nocmd": lambda: CDMPP(epochs=3, batch_size=128, cmd_alpha=0.0, finetune_steps=10, **common),
             "cdmpp-roofline": lambda: CDMPP(epochs=3, batch_size=128, finetune_steps=10, base="roofline", **common),
+            "cdmpp-hierarchy": lambda: CDMPP(epochs=3, batch_size=128, finetune_steps=10, base="hierarchy", **common),
             "xgboost": lambda: TenSetXGB(n_rounds=20, **common),
             "xgboost-bagged": lambda: TenSetXGB(n_rounds=20, subsample=0.7, colsample=0.7, **common),
             "mlp": lambda: TenSetMLP(epochs=2, **common),
@@ -75,6 +76,8 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "cdmpp-nocmd": lambda: CDMPP(epochs=400, max_time_s=240 * t, cmd_alpha=0.0, seed=seed),
             # CDMPP predicting its efficiency factor over the roofline bound (latency / bound)
             "cdmpp-roofline": lambda: CDMPP(epochs=400, max_time_s=240 * t, base="roofline", seed=seed),
+            # ... or over a compute + DRAM footprint + cache traffic estimate (`cdmpp.hierarchy_seconds`)
+            "cdmpp-hierarchy": lambda: CDMPP(epochs=400, max_time_s=240 * t, base="hierarchy", seed=seed),
             "xgboost": lambda: TenSetXGB(seed=seed),
             "xgboost-bagged": lambda: TenSetXGB(seed=seed, subsample=0.7, colsample=0.7),
             "mlp": lambda: TenSetMLP(epochs=300, max_time_s=90 * t, seed=seed),
