@@ -48,7 +48,8 @@ def main(devices: str = typer.Option("local-1t,local-2t", "--devices", help="Dev
     from tensorplan.predict.dataset import load_dataset
 
     full = load_dataset().filter_stable(0.01, metric="mad")
-    res: dict = {"command": "python bench/cdmpp_bases.py --devices " + devices, "domains": {}}
+    res: dict = {"command": "python bench/cdmpp_bases.py --devices " + devices + (f" --tasks '{tasks}'" if tasks else ""),
+                 "domains": {}}
     for dev in [d for d in devices.split(",") if d]:
         ds = full.only_devices([dev])
         arr = as_arrays(ds)
