@@ -229,8 +229,9 @@ def as_arrays(data: Any) -> ProgramArrays:
     return arr
 
 
-# Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; slot field 4 is
-# unique_bytes (after the 3-way acc_type one-hot and `bytes`). Values are slog-scaled.
+# Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; within a slot, field 3
+# is `bytes`, 4 `unique_bytes` (after the 3-way acc_type one-hot) and 9 the no-reuse flag of the
+# reuse-type one-hot. Values are slog-scaled.
 _BUF0, _BUF_W, _N_BUF, _BYTES, _UNIQUE_BYTES, _NO_REUSE = 57, 18, 5, 3, 4, 9
 
 
@@ -240,14 +241,22 @@ def _inv_slog(x: np.ndarray) -> np.ndarray:
 
 def program_bytes(arr: ProgramArrays) -> np.ndarray:
     """Unique bytes touched per program: sum over stores and buffer slots (de-slogged)."""
-    per_leaf = _buffer_field(arr, _UNIQUE_BYTES).sum(1)
-    return np.add.reduceat(per_leaf, arr.offsets[:-1]) if len(arr) else np.zeros(0)
+    return _per_program(arr, _buffer_field(arr, _UNIQUE_BYTES).sum(1))
+
+
+def _buffer_cols(field: int) -> list[int]:
+    """Leaf-feature columns of one per-buffer field (offset within a slot), one per slot."""
+    return [_BUF0 + _BUF_W * j + field for j in range(_N_BUF)]
 
 
 def _buffer_field(arr: ProgramArrays, field: int) -> np.ndarray:
-    """[n_leaves, 5] de-slogged values of one per-buffer field (offset within a slot)."""
-    cols = [_BUF0 + _BUF_W * j + field for j in range(_N_BUF)]
-    return _inv_slog(arr.leaf_data[:, cols].astype(np.float64)).clip(min=0)
+    """[n_leaves, 5] de-slogged values of one per-buffer field."""
+    return _inv_slog(arr.leaf_data[:, _buffer_cols(field)].astype(np.float64)).clip(min=0)
+
+
+def _per_program(arr: ProgramArrays, per_leaf: np.ndarray) -> np.ndarray:
+    """Sum a per-leaf quantity over each program's leaves."""
+    return np.add.reduceat(per_leaf, arr.offsets[:-1]) if len(arr) else np.zeros(0)
 
 
 def program_footprint_traffic(arr: ProgramArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -259,11 +268,9 @@ def program_footprint_traffic(arr: ProgramArrays) -> tuple[np.ndarray, np.ndarra
     innermost loop for accesses without reuse, which makes a 1.1 MB slice look like 1 KB.
     """
     traffic = _buffer_field(arr, _BYTES)
-    no_reuse = arr.leaf_data[:, [_BUF0 + _BUF_W * j + _NO_REUSE for j in range(_N_BUF)]] > 0.5
+    no_reuse = arr.leaf_data[:, _buffer_cols(_NO_REUSE)] > 0.5
     footprint = np.where(no_reuse, traffic, _buffer_field(arr, _UNIQUE_BYTES))
-    if not len(arr):
-        return np.zeros(0), np.zeros(0)
-    return (np.add.reduceat(footprint.sum(1), arr.offsets[:-1]), np.add.reduceat(traffic.sum(1), arr.offsets[:-1]))
+    return _per_program(arr, footprint.sum(1)), _per_program(arr, traffic.sum(1))
 
 
 def hierarchy_parts(arr: ProgramArrays) -> np.ndarray:
@@ -290,13 +297,14 @@ def fit_cache_ratio(parts: np.ndarray, latency_s: np.ndarray, task_key: Sequence
     (std of per-task medians; per record when tasks are unknown), chosen on training data only."""
     lat = np.asarray(latency_s, np.float64)
     keys = np.asarray(task_key) if task_key is not None else np.arange(len(lat))
-    uniq, inv = np.unique(keys, return_inverse=True)
+    _, inv = np.unique(keys, return_inverse=True)
+    groups = np.split(np.argsort(inv, kind="stable"), np.cumsum(np.bincount(inv))[:-1])
     best, best_k = np.inf, float(grid[0])
     for k in grid:
         lr = np.log(lat / hierarchy_seconds(parts, float(k)))
-        med = np.array([np.median(lr[inv == i]) for i in range(len(uniq))]) if len(uniq) < len(lat) else lr
-        if med.std() < best:
-            best, best_k = float(med.std()), float(k)
+        spread = float(np.std([np.median(lr[g]) for g in groups]))
+        if spread < best:
+            best, best_k = spread, float(k)
     return best_k
 
 
