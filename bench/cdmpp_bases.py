@@ -29,12 +29,9 @@ import numpy as np
 import typer
 
 
-def _spread(lat: np.ndarray, est: np.ndarray, task: np.ndarray) -> dict:
-    import pandas as pd
-
+def _spread(lat: np.ndarray, est: np.ndarray, task_spread) -> dict:
     lr = np.log(lat / est)
-    per_task = pd.Series(lr).groupby(task).median()
-    return {"std_log_ratio": float(lr.std()), "task_std_log_ratio": float(per_task.std()),
+    return {"std_log_ratio": float(lr.std()), "task_std_log_ratio": task_spread(est),
             "median_ratio": float(np.exp(np.median(lr)))}
 
 
@@ -43,7 +40,7 @@ def main(devices: str = typer.Option("local-1t,local-2t", "--devices", help="Dev
          out: Path = typer.Option(Path("bench/results/cdmpp_bases.json"), "--out")) -> None:
     import re
 
-    from tensorplan.predict.cdmpp import (as_arrays, device_peak_bw, fit_cache_ratio, hierarchy_parts,
+    from tensorplan.predict.cdmpp import (TaskSpread, as_arrays, device_peak_bw, fit_cache_ratio, hierarchy_parts,
                                           hierarchy_seconds, roofline_seconds)
     from tensorplan.predict.dataset import load_dataset
 
@@ -56,11 +53,12 @@ def main(devices: str = typer.Option("local-1t,local-2t", "--devices", help="Dev
         lat, task = arr.latency_s, np.asarray(arr.task_key)
         parts = hierarchy_parts(arr)
         peak, bw = device_peak_bw(arr)
-        rows = {"none": _spread(lat, np.ones(len(lat)), task),
-                "roofline": _spread(lat, roofline_seconds(arr), task),
-                "footprint": _spread(lat, np.maximum(parts[:, 0] + parts[:, 1], 1e-9), task)}
+        ts = TaskSpread(lat, task)
+        rows = {"none": _spread(lat, np.ones(len(lat)), ts),
+                "roofline": _spread(lat, roofline_seconds(arr), ts),
+                "footprint": _spread(lat, np.maximum(parts[:, 0] + parts[:, 1], 1e-9), ts)}
         for k in (1, 2, 4, 8, 16, 32):
-            rows[f"hierarchy-{k}"] = _spread(lat, hierarchy_seconds(parts, k), task)
+            rows[f"hierarchy-{k}"] = _spread(lat, hierarchy_seconds(parts, k), ts)
         res["domains"][dev] = {"records": len(lat), "tasks": int(len(set(task))),
                                "peak_gflops": float(np.median(peak) / 1e9), "bw_gbs": float(np.median(bw) / 1e9),
                                "fitted_cache_ratio": fit_cache_ratio(parts, lat, task), "estimates": rows}

@@ -289,19 +289,15 @@ def test_hierarchy_estimate_tracks_latency_across_tasks_better_than_the_roofline
     """On all stable records of the collection CPU (one thread), per-task log(latency / estimate)
     spreads less with the fitted hierarchy estimate than with the roofline bound, and far less than
     the latency itself: what makes it a better base for a relative target."""
-    from tensorplan.predict.cdmpp import fit_cache_ratio, hierarchy_parts, hierarchy_seconds, roofline_seconds
+    from tensorplan.predict.cdmpp import (TaskSpread, fit_cache_ratio, hierarchy_parts, hierarchy_seconds,
+                                          roofline_seconds)
     from tensorplan.predict.dataset import load_dataset
 
     ds = load_dataset(None).only_devices(["local-1t"]).filter_stable(0.01, metric="mad")
     arr = as_arrays(ds)
     lat, task = arr.latency_s, np.asarray(arr.task_key)
-    uniq, inv = np.unique(task, return_inverse=True)
-    assert len(uniq) >= 200
-
-    def task_spread(est):
-        lr = np.log(lat / est)
-        return np.std([np.median(lr[inv == i]) for i in range(len(uniq))])
-
+    assert len(set(task)) >= 200
+    task_spread = TaskSpread(lat, task)
     parts = hierarchy_parts(arr)
     hier = task_spread(hierarchy_seconds(parts, fit_cache_ratio(parts, lat, task)))
     assert hier < 0.8 * task_spread(roofline_seconds(arr))

@@ -291,21 +291,27 @@ def hierarchy_seconds(parts: np.ndarray, cache_ratio: float) -> np.ndarray:
     return np.maximum(parts[:, 0] + parts[:, 1] + parts[:, 2] / cache_ratio, 1e-9)
 
 
+class TaskSpread:
+    """How uniform log(latency / estimate) is across tasks: the std of the per-task medians. The
+    grouping of records by task is done once, so many estimates can be scored cheaply."""
+
+    def __init__(self, latency_s: np.ndarray, task_key: Sequence[str] | None):
+        self.lat = np.asarray(latency_s, np.float64)
+        keys = np.asarray(task_key) if task_key is not None else np.arange(len(self.lat))
+        _, inv = np.unique(keys, return_inverse=True)
+        self.groups = np.split(np.argsort(inv, kind="stable"), np.cumsum(np.bincount(inv))[:-1])
+
+    def __call__(self, estimate_s: np.ndarray) -> float:
+        lr = np.log(self.lat / estimate_s)
+        return float(np.std([np.median(lr[g]) for g in self.groups]))
+
+
 def fit_cache_ratio(parts: np.ndarray, latency_s: np.ndarray, task_key: Sequence[str] | None,
                     grid: Sequence[float] = (1, 2, 4, 8, 16, 32)) -> float:
     """The cache-to-DRAM bandwidth ratio that makes log(latency / estimate) most uniform across tasks
-    (std of per-task medians; per record when tasks are unknown), chosen on training data only."""
-    lat = np.asarray(latency_s, np.float64)
-    keys = np.asarray(task_key) if task_key is not None else np.arange(len(lat))
-    _, inv = np.unique(keys, return_inverse=True)
-    groups = np.split(np.argsort(inv, kind="stable"), np.cumsum(np.bincount(inv))[:-1])
-    best, best_k = np.inf, float(grid[0])
-    for k in grid:
-        lr = np.log(lat / hierarchy_seconds(parts, float(k)))
-        spread = float(np.std([np.median(lr[g]) for g in groups]))
-        if spread < best:
-            best, best_k = spread, float(k)
-    return best_k
+    (`TaskSpread`; per record when tasks are unknown), chosen on training data only."""
+    spread = TaskSpread(latency_s, task_key)
+    return float(min(grid, key=lambda k: spread(hierarchy_seconds(parts, float(k)))))
 
 
 def device_peak_bw(arr: ProgramArrays) -> tuple[np.ndarray, np.ndarray]:
