@@ -112,7 +112,7 @@ def machine_info() -> dict:
 
 # --------------------------------------------------------------------------------------------
 
-class _Data:
+class EvalData:
     """The filtered dataset converted once; splits become index arrays into it."""
 
     def __init__(self, ds):
@@ -128,7 +128,7 @@ class _Data:
         return self.arr.subset(idx)
 
 
-def _val_split(data: _Data, idx: np.ndarray, by_task: bool, frac: float, seed: int):
+def _val_split(data: EvalData, idx: np.ndarray, by_task: bool, frac: float, seed: int):
     """Carve a validation set out of training indices (by task when the test is unseen tasks)."""
     rng = np.random.default_rng(seed + 1)
     if by_task:
@@ -159,7 +159,7 @@ def _throughput(model: Estimator, arr: ProgramArrays, min_n: int = 5000) -> floa
     return float(len(big) / np.median(ts))
 
 
-def _network_errors(model: Estimator, data: _Data, networks: Sequence[str] | None,
+def _network_errors(model: Estimator, data: EvalData, networks: Sequence[str] | None,
                     devices: Sequence[str] | None) -> dict:
     """Predicted vs measured whole-network latency (dataset.network_latencies definition)."""
     ds = data.ds
@@ -226,20 +226,39 @@ def choose_holdout_networks(ds, min_fraction: float = 0.15, seed: int = 0) -> li
     return hold
 
 
-def sample_split(ds, seed: int = 0, data: "_Data | None" = None):
+def sample_split(ds, seed: int = 0, data: "EvalData | None" = None):
     """The harness's sample-level split of a (stability-filtered) dataset: (train, val, test) arrays."""
-    D = data or _Data(ds)
+    D = data or EvalData(ds)
     tr_ds, te_ds = ds.split(kind="sample")
     tr_i, va_i = _val_split(D, D.idx(tr_ds), by_task=False, frac=0.1, seed=seed)
     return D.arrays(tr_i), D.arrays(va_i), D.arrays(D.idx(te_ds))
 
 
-def network_split(ds, holdout: Sequence[str], seed: int = 0, data: "_Data | None" = None):
+def network_split(ds, holdout: Sequence[str], seed: int = 0, data: "EvalData | None" = None):
     """The harness's held-out-network split: (train, val or None, test) arrays; val holds out tasks."""
-    D = data or _Data(ds)
+    D = data or EvalData(ds)
     tr_ds, te_ds = ds.split(kind="network", holdout=list(holdout))
     tr_i, va_i = _val_split(D, D.idx(tr_ds), by_task=True, frac=0.1, seed=seed)
     return D.arrays(tr_i), (D.arrays(va_i) if va_i is not None else None), D.arrays(D.idx(te_ds))
+
+
+def score_on_network_split(name: str, data: EvalData, holdout: Sequence[str], split: tuple,
+                           quick: bool = False, time_scale: float = 1.0, seed: int = 0) -> dict:
+    """Train model `name` on a held-out-network split (from `network_split`) and score it.
+
+    CMD sees the held-out programs unlabelled. Returns the test metrics plus train time,
+    throughput and the whole-network latency error of each held-out network on each domain.
+    """
+    tr, va, te = split
+    tgt = te.subset(np.arange(len(te)))
+    tgt.latency_s = None  # the target domain is unlabelled for CMD
+    mdl = make_model(name, quick, time_scale, seed)
+    tt = _fit(mdl, tr, va, tgt)
+    m = _score(mdl, te)
+    m["train_time_s"] = tt
+    m["predict_per_s"] = _throughput(mdl, te)
+    m["network_latency"] = _network_errors(mdl, data, holdout, None)
+    return m
 
 
 def source_domains(source: str | Sequence[str]) -> list[str]:
@@ -251,7 +270,7 @@ def source_domains(source: str | Sequence[str]) -> list[str]:
 
 
 def device_split(ds, source: str | Sequence[str], target: str, per_task: int, seed: int = 0,
-                 n_tasks: int | None = None, data: "_Data | None" = None) -> dict:
+                 n_tasks: int | None = None, data: "EvalData | None" = None) -> dict:
     """The harness's held-out-device split with its few-shot selections.
 
     `source`: one domain or several (comma-separated); the target must not be among them.
@@ -262,7 +281,7 @@ def device_split(ds, source: str | Sequence[str], target: str, per_task: int, se
     """
     from .finetune import few_shot_split
 
-    D = data or _Data(ds)
+    D = data or EvalData(ds)
     sources = source_domains(source)
     if target in sources:
         raise TensorplanError(f"evaluate: the target domain '{target}' is also a source; hold it out")
@@ -302,7 +321,7 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
     ds = raw.filter_stable(max_cov=max_cov, metric=stability) if max_cov is not None else raw
     if len(ds) == 0:
         raise TensorplanError(f"evaluate: no stable records ({stability} <= {max_cov}) in '{raw.path}'")
-    D = _Data(ds)
+    D = EvalData(ds)
     res: dict[str, Any] = {
         "format": "tensorplan-cdmpp-eval/1", "quick": quick, "seed": seed,
         "dataset": {"path": raw.path, "domains": list(domains) if domains else None,
@@ -316,18 +335,11 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
         hold = list(holdout_networks) if holdout_networks else choose_holdout_networks(ds, seed=seed)
         tr, va, te = network_split(ds, hold, seed, D)
         log(f"[network] holdout {hold}: train {len(tr)} val {0 if va is None else len(va)} test {len(te)}")
-        tgt = te.subset(np.arange(len(te)))
-        tgt.latency_s = None  # the target domain is unlabelled for CMD
         out = {"holdout_networks": hold, "n_train": len(tr), "n_val": 0 if va is None else len(va),
                "n_test": len(te), "n_test_tasks": int(len(np.unique(te.task_key))), "models": {}}
         for name in models:
-            mdl = make_model(name, quick, time_scale, seed)
-            tt = _fit(mdl, tr, va, tgt)
-            m = _score(mdl, te)
-            m["train_time_s"] = tt
-            m["predict_per_s"] = _throughput(mdl, te)
-            m["network_latency"] = _network_errors(mdl, D, hold, None)
-            out["models"][name] = m
+            m = out["models"][name] = score_on_network_split(name, D, hold, (tr, va, te), quick, time_scale, seed)
+            tt = m["train_time_s"]
             log(f"[network] {name}: MAPE {m['mape_pct']:.2f}% acc10 {m['acc10_pct']:.1f}% "
                 f"rho {m['spearman_within_task']:.3f} train {tt:.1f}s")
         res["splits"]["network"] = out
