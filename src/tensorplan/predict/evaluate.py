@@ -252,12 +252,20 @@ def score_on_network_split(name: str, data: EvalData, holdout: Sequence[str], sp
     tr, va, te = split
     tgt = te.subset(np.arange(len(te)))
     tgt.latency_s = None  # the target domain is unlabelled for CMD
+    return _fit_and_score(name, data, (tr, va, te), tgt, list(holdout), quick, time_scale, seed)
+
+
+def _fit_and_score(name: str, data: EvalData, split: tuple, target, networks: Sequence[str] | None,
+                   quick: bool, time_scale: float, seed: int) -> dict:
+    """Fit model `name` on split = (train, val, test) (CMD towards `target` when given), then its test
+    metrics, train time, throughput and whole-network errors (of `networks`, or every network)."""
+    tr, va, te = split
     mdl = make_model(name, quick, time_scale, seed)
-    tt = _fit(mdl, tr, va, tgt)
+    tt = _fit(mdl, tr, va, target)
     m = _score(mdl, te)
     m["train_time_s"] = tt
     m["predict_per_s"] = _throughput(mdl, te)
-    m["network_latency"] = _network_errors(mdl, data, holdout, None)
+    m["network_latency"] = _network_errors(mdl, data, networks, None)
     return m
 
 
@@ -403,14 +411,9 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
         out = {"n_train": len(tr), "n_val": len(va), "n_test": len(te), "models": {}}
         log(f"[sample] train {len(tr)} val {len(va)} test {len(te)}")
         for name in models:
-            mdl = make_model(name, quick, time_scale, seed)
-            tt = _fit(mdl, tr, va, None)
-            m = _score(mdl, te)
-            m["train_time_s"] = tt
-            m["predict_per_s"] = _throughput(mdl, te)
-            m["network_latency"] = _network_errors(mdl, D, None, None)
-            out["models"][name] = m
-            log(f"[sample] {name}: MAPE {m['mape_pct']:.2f}% acc10 {m['acc10_pct']:.1f}% train {tt:.1f}s")
+            m = out["models"][name] = _fit_and_score(name, D, (tr, va, te), None, None, quick, time_scale, seed)
+            log(f"[sample] {name}: MAPE {m['mape_pct']:.2f}% acc10 {m['acc10_pct']:.1f}% "
+                f"train {m['train_time_s']:.1f}s")
         res["splits"]["sample"] = out
 
     res["summary"] = summarize(res)
