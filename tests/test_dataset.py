@@ -121,7 +121,7 @@ def test_two_thread_domain_really_uses_two_threads(tmp_path):
 import threading, numpy as np, tvm, tvm_ffi
 from tvm.script import tirx as T
 from tensorplan.predict import dataset as D
-D._init_pool(2)
+D.init_pool(2)
 ids = set()
 def record(i):
     ids.add(threading.get_ident())

@@ -82,7 +82,8 @@ def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    from tensorplan.predict.cdmpp import predict_network, train
+    from tensorplan.predict.cdmpp import train
+    from tensorplan.predict.network import predict_network
 
     model, info = train(cdmpp_small["ds"], out=tmp_path / "ens.pt", members=2, epochs=2, batch_size=64,
                         max_cov=0.25)

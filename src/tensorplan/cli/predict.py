@@ -87,12 +87,17 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., help="ONNX path or zoo name."),
         device: str = typer.Option("local", "--device", help="Device domain ('local' = this CPU)."),
         weights: Optional[Path] = typer.Option(None, "--weights", help="Predictor file (default: shipped CDMPP)."),
+        measure: bool = typer.Option(False, "--measure", help="Also compile and time every kernel here "
+                                     "(same schedule) and compare; 'local' devices only."),
+        shipped: bool = typer.Option(False, "--shipped", help="Ignore this machine's `tensorplan calibrate` "
+                                     "model and predict with the shipped one."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Predict per-kernel and whole-model latency of a network with CDMPP."""
-        from ..predict.cdmpp import predict_network
+        """Predict per-kernel and whole-model latency of a network with CDMPP (--measure: and check it)."""
+        from ..predict.network import predict_network
 
-        r = predict_network(model, device=device, weights=weights, log=None if json_out else _log)
+        r = predict_network(model, device=device, weights=weights, log=None if json_out else _log,
+                            measure=measure, progress=not json_out, calibrated=not shipped)
         if json_out:
             print(_dump(r))
             return
@@ -100,18 +105,65 @@ def register(app: typer.Typer) -> None:
                if r.get("member_total_ms") else "")
         t = Table(title=f"{r['model']} on {r['domain']} ({r['predictor']}): {r['total_ms']:.3f} ms predicted{rng}")
         spread = all("log_spread" in k for k in r["kernels"])
-        cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + [
-            "× calls µs", "share"]
+        cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + (
+            ["meas µs", "pred/meas"] if measure else []) + ["× calls µs", "share"]
         for c in cols:
             t.add_column(c, justify="left" if c == "kernel" else "right")
         tot = max(r["total_ms"] * 1e3, 1e-12)
         for k in sorted(r["kernels"], key=lambda k: -k["total_us"]):
             # spread ×: exp(std of the ensemble members' log predictions), 1.00 = full agreement
             extra = [f"{math.exp(k['log_spread']):.2f}"] if spread else []
+            if measure:
+                mu = k.get("measured_us")
+                extra += [f"{mu:.1f}", f"{k['predicted_us'] / mu:.2f}"] if mu else [k.get("measure_error", "-"), "-"]
             t.add_row(k["task"], str(k["calls"]), f"{k['flops'] / 1e6:.2f}", str(k["leaves"]), f"{k['predicted_us']:.1f}",
                       *extra, f"{k['total_us']:.1f}", f"{100 * k['total_us'] / tot:.1f}%")
         Console().print(t)
         _log(f"{r['n_kernels']} kernels; featurize {r['featurize_s']:.1f} s, predict {r['predict_s'] * 1e3:.1f} ms")
+        m = r.get("measured")
+        if m and m.get("kernels_measured"):
+            pk = m["per_kernel"]
+            Console().print(
+                f"measured at {m['threads']} thread(s), {m['kernels_measured']} of {r['n_kernels']} kernels: "
+                f"whole model {m['predicted_ms']:.3f} ms predicted vs {m['measured_ms']:.3f} ms measured "
+                f"({m['total_ratio']:.2f}×); per kernel MAPE {pk['mape_pct']:.1f}%, median APE "
+                f"{pk['median_ape_pct']:.1f}%, within ±20% {pk['acc20_pct']:.0f}%, Spearman "
+                f"{m['spearman_across_kernels']:.2f}")
+        if m and m.get("kernels_failed"):
+            _log(f"not measured: {', '.join(m['kernels_failed'])}")
+
+    @app.command("calibrate")
+    def calibrate_cmd(
+        threads: int = typer.Option(0, "--threads", help="Thread count to calibrate (default: the 'local' domain's)."),
+        tasks: int = typer.Option(40, "--tasks", help="Tasks to select (KMeans over the dataset's programs)."),
+        per_task: int = typer.Option(4, "--per-task", help="Programs timed here per selected task."),
+        max_mad: float = typer.Option(0.05, "--max-mad", help="Leave out timings whose repeat MAD/median "
+                                      "exceeds this."),
+        exclude: str = typer.Option("", "--exclude-networks", help="Comma-separated networks whose tasks "
+                                    "are not used (to test the calibration on kernels it never timed)."),
+        data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: data/cdmpp/)."),
+        model: Optional[Path] = typer.Option(None, "--model", help="Model to calibrate (default: shipped)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Where to save (default: the cache, where "
+                                           "`predict --device local` finds it)."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Time a few dataset programs on this CPU (minutes) and calibrate the predictor to it."""
+        from ..predict.cdmpp import resolve_domain
+        from ..predict.local_calibration import calibrate_here
+        from ..predict.network import local_threads
+
+        n = threads or local_threads(resolve_domain("local"))
+        info = calibrate_here(local_threads(f"local-{n}t"), n_tasks=tasks, per_task=per_task, data=data, model=model,
+                              out=out, exclude_networks=[x for x in exclude.split(",") if x], max_mad=max_mad,
+                              progress=not json_out, log=None if json_out else _log)
+        if json_out:
+            print(_dump(info))
+            return
+        u, c = info["uncalibrated_on_samples"], info["calibrated_on_samples"]
+        Console().print(f"{info['n_timed']} programs of {len(info['tasks'])} tasks timed here in {info['time_s']:.0f} s; "
+                        f"this CPU / collection CPU: {info['here_vs_source_median_ratio']:.2f}× (median); "
+                        f"fit on them: MAPE {u['mape_pct']:.1f}% → {c['mape_pct']:.1f}%; saved {info['path']} "
+                        f"(`tensorplan predict MODEL --device local --measure` to check it on a network)")
 
     @app.command("evaluate")
     def evaluate_cmd(

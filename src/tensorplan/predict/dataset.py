@@ -13,7 +13,7 @@ sample done in the same transaction, so a killed run loses at most the program i
 `collect` resumes where it stopped.  `export` turns a store into the compact committed form
 under `data/cdmpp/` (parquet+zstd records, float16 leaf features), which `load_dataset` reads.
 
-Thread domains: TVM's runtime pool must be created at the largest thread count (`_init_pool`)
+Thread domains: TVM's runtime pool must be created at the largest thread count (`init_pool`)
 before it is ever configured down; the first ~9k programs were timed before this was fixed, so
 their 2-thread records ran on one worker.  `export` leaves such records out (timer version < 4)
 and `remeasure` re-times stored programs (both thread counts) with the fixed timer.
@@ -49,6 +49,13 @@ NETWORK_KIND = "cdmpp_network"
 TAG = "cdmpp"
 JOB = "cdmpp-collect"
 DEFAULT_MAX_COV = 0.01          # CDMPP §2.6: keep records whose repeat CoV <= 1 %
+
+
+def mad_rel(repeats) -> float:
+    """Median absolute deviation of timing repeats over their median; inf for none (or a 0 median)."""
+    r = np.asarray(repeats, np.float64)
+    m = float(np.median(r)) if len(r) else 0.0
+    return float(np.median(np.abs(r - m)) / m) if m > 0 else float("inf")
 
 
 def default_data_dir() -> Path:
@@ -167,7 +174,7 @@ TIMER_VERSION = 4
 MIN_VALID_MULTITHREAD_TIMER = 4
 
 
-def _init_pool(max_threads: int) -> None:
+def init_pool(max_threads: int) -> None:
     """Create TVM's runtime thread pool with `max_threads` workers by running a parallel kernel.
 
     Must run before any `runtime.config_threadpool` call in the process: if the pool is first
@@ -186,6 +193,12 @@ def _init_pool(max_threads: int) -> None:
     a = tvm.runtime.tensor(np.ones((64, 1024), np.float32))
     b = tvm.runtime.tensor(np.zeros((64, 1024), np.float32))
     lib["main"](a, b)
+    from ..measure.timer import _tvm_threadpool
+    cfg, num = _tvm_threadpool()
+    cfg(1, max_threads)
+    if int(num()) != max_threads:
+        raise TensorplanError(f"TVM's runtime pool has {int(num())} thread(s), need {max_threads}: it was used "
+                              f"before in this process; start a fresh process with TVM_NUM_THREADS={max_threads}")
 
 
 
@@ -314,7 +327,7 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     threads = sorted({int(t) for t in threads})
     # TVM sizes its runtime pool from TVM_NUM_THREADS (default here: 1) when first used; create it
     # with the largest thread count by running a parallel kernel before anything configures it.
-    _init_pool(max(threads))
+    init_pool(max(threads))
     import tvm
     from ..devices import resolve
     from ..measure.store import Store
@@ -324,10 +337,6 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     networks = list(networks or DEFAULT_NETWORKS)
     cfg, num = _tvm_threadpool()
-    cfg(1, max(threads))
-    if int(num()) != max(threads):
-        raise TensorplanError(f"collect: TVM's runtime pool has {int(num())} thread(s), need {max(threads)}; "
-                              f"start a fresh process with TVM_NUM_THREADS={max(threads)}")
     st = store if isinstance(store, Store) else Store(store)
     t_start = time.time()
     deadline = t_start + budget_minutes * 60 if budget_minutes else None
@@ -457,12 +466,23 @@ def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_k
 def _time_trace(task, trace, target, threads: Sequence[int], **timer) -> dict[int, Any] | str:
     """Replay a stored schedule trace of `task`, compile it and time it at each thread count
     (`_time_lib`); "failed" if it no longer replays, builds or runs here."""
-    import tvm
     try:
         sch = replay_trace(task.mod, trace)
-        return _time_built(tvm.compile(sch.mod, target=target).jit(), task, threads, **timer)
     except Exception:  # noqa: BLE001 - one broken program must not stop the run
         return "failed"
+    return time_module(sch.mod, task, target, threads, **timer)
+
+
+def time_module(mod, task, target, threads: Sequence[int], **timer) -> dict[int, Any] | str:
+    """Compile a scheduled program of `task` and time it at each thread count (`_time_lib`, the
+    dataset's timer; the pool must have been created with `init_pool`); "failed" if it does not
+    build or run, "too slow ..." past `max_kernel_s`."""
+    import tvm
+    try:
+        lib = tvm.compile(mod, target=target).jit()
+    except Exception:  # noqa: BLE001
+        return "failed"
+    return _time_built(lib, task, threads, **timer)
 
 
 def _time_built(lib, task, threads: Sequence[int], **timer) -> dict[int, Any] | str:
@@ -485,7 +505,7 @@ def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minu
     way to replace records from a period when the machine was shared (their own job, so a full
     pass done earlier does not hide them)."""
     threads = sorted({int(t) for t in threads})
-    _init_pool(max(threads))
+    init_pool(max(threads))
     import tvm
     from ..devices import resolve
     from ..measure.store import Store
@@ -613,7 +633,7 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
         from .prebuild import Prebuilder
         tmp = tempfile.TemporaryDirectory(prefix="tensorplan-prebuild-")
         pre = Prebuilder(todo, tasks, target, tmp.name, workers)
-    _init_pool(max(threads))
+    init_pool(max(threads))
     specs = {t: dataclasses.replace(resolve(f"local-{t}t"), name=f"{prefix}-{t}t") for t in threads}
     dev_keys = {t: st.put_device(sp) for t, sp in specs.items()}
     stats = CollectStats(skipped_done=len(done))
@@ -1130,8 +1150,7 @@ def load_dataset(path: str | Path | Sequence[str | Path] | None = None) -> Datas
     rec["repeats"] = [list(x) for x in rec["repeats"]]
     # robust spread: median absolute deviation / median (insensitive to the rare repeat that another
     # process preempted, unlike the CoV = std/mean that CDMPP filters on)
-    rec["mad_rel"] = [float(np.median(np.abs(np.asarray(x) - np.median(x))) / np.median(x)) if len(x) and np.median(x) > 0
-                      else float("inf") for x in rec["repeats"]]
+    rec["mad_rel"] = [mad_rel(x) for x in rec["repeats"]]
     return Dataset(rec, [p_leaves[i] for i in pi], [p_pos[i] for i in pi], tasks, meta.get("devices", {}), str(d),
                    [p_pre[i] for i in pi])
 

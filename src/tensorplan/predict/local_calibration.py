@@ -1,0 +1,132 @@
+"""Calibrate the shipped predictor to *this* machine from a few programs timed here.
+
+Why: the shipped model learnt every label on the collection CPU, and with one source device it
+ignores the device vector, so on another CPU it predicts the collection CPU's latency
+(`tensorplan predict --measure` shows it; on a 2-core Zen 3 VM, 3x slower in GEMM and bandwidth
+than the Zen 5 collection CPU, whole networks were under-predicted 3-10x). CDMPP's answer is few-shot
+adaptation; `calibrate.Calibrated` is the variant that worked best here (a small boosted-tree
+correction of log(target / source prediction) from parallel / vector / unroll features).
+
+This module makes it a one-command step on the user's machine: KMeans-select tasks from the
+committed dataset (CDMPP §3.1, features only), replay `per_task` of their programs, compile and
+time them here with the dataset's timer, fit the correction, and save the calibrated model under
+the cache, keyed by this CPU and thread count, where `predict --device local` picks it up.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import TensorplanError
+from ..paths import cache_dir
+from ..progress import progress_bar
+
+
+# repeat MAD / median above which a timing is left out. The dataset keeps 1 % (its records came from
+# a quiet machine); on a user's shared 2-core VM most programs miss that (12 of 16 on the Zen 3 VM),
+# while a 5 % MAD still pins the median of 15 repeats far below the 2-3x device factor corrected here
+MAX_MAD = 0.05
+
+
+def host_id() -> str:
+    """This CPU as a file-name slug: 'amd-epyc-family-25-model-1'."""
+    from ..devices.detect import cpu_info
+
+    return re.sub(r"[^a-z0-9]+", "-", cpu_info()["model"].lower()).strip("-")
+
+
+def local_model_path(threads: int) -> Path:
+    """Where the calibration for this CPU at `threads` threads lives (and `predict` looks)."""
+    return cache_dir() / "models" / f"cdmpp-local-{host_id()}-{threads}t.pt"
+
+
+def calibrate_here(threads: int, *, n_tasks: int = 40, per_task: int = 4, data=None, model=None,
+                   out: str | Path | None = None, exclude_networks: Sequence[str] = (), seed: int = 0,
+                   max_mad: float = MAX_MAD,
+                   progress: bool = True, log: Callable[[str], None] | None = None) -> dict:
+    """Time `n_tasks` x `per_task` dataset programs here at `threads` threads and fit a correction.
+
+    `exclude_networks`: leave the tasks of these networks out of the selection (to test the
+    calibrated model on kernels the calibration never timed). Returns the calibration's summary;
+    the model is saved to `out` (default `local_model_path(threads)`)."""
+    import tvm
+
+    from .calibrate import Calibrated
+    from .cdmpp import as_arrays, device_features, load_estimator, load_shipped, regression_metrics
+    from .dataset import init_pool, load_dataset, mad_rel, replay_trace, time_module
+    from .finetune import programs_of_tasks, select_tasks_kmeans
+    from .tasks import task_from_script
+
+    init_pool(threads)          # first, before anything configures TVM's runtime pool
+    source = f"local-{threads}t"
+    ds = load_dataset(data).filter_stable(max_cov=0.01, metric="mad").device(source)
+    if len(ds) == 0:
+        raise TensorplanError(f"calibrate: the dataset '{data or 'data/cdmpp'}' has no stable records on '{source}', "
+                              "the collection CPU's domain the correction starts from")
+    if exclude_networks:
+        drop = {t for t, nets in zip(ds.tasks["task_key"], ds.tasks["networks"])
+                if any(n in exclude_networks for n, _ in nets)}
+        ds = ds.subset(np.flatnonzero(~ds.records["task_key"].isin(drop).to_numpy()))
+    est = load_shipped() if model is None else load_estimator(model)
+    arr = as_arrays(ds)
+    tasks = select_tasks_kmeans(arr, min(n_tasks, len(np.unique(arr.task_key))), seed=seed)
+    idx = programs_of_tasks(arr, tasks, per_task, seed)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
+    rows = ds.tasks.set_index("task_key")
+
+    @functools.lru_cache(maxsize=None)
+    def task_of(tk: str):
+        r = rows.loc[tk]
+        return task_from_script(tk, r["task_name"], r["script"], dict(r["networks"]), r["flops"])
+
+    lat = np.full(len(idx), np.nan)
+    skipped = {"failed": 0, "too_slow": 0, "unstable": 0}
+    t0 = time.perf_counter()
+    with progress_bar(f"time {len(idx)} programs here", len(idx), progress) as advance:
+        for j, i in enumerate(idx):
+            task = task_of(str(arr.task_key[i]))
+            try:
+                mod = replay_trace(task.mod, arr.trace[i]).mod
+            except Exception:  # noqa: BLE001 - a trace that no longer replays is skipped
+                mod = None
+            if mod is not None:
+                r = time_module(mod, task, target, [threads], min_repeat_s=2e-5, repeats=15, max_kernel_s=1.0)
+                if isinstance(r, str):
+                    skipped["failed" if r == "failed" else "too_slow"] += 1
+                elif mad_rel(r[threads].repeats) > max_mad:    # the dataset's robust stability measure
+                    skipped["unstable"] += 1
+                else:
+                    lat[j] = r[threads].median_s
+            else:
+                skipped["failed"] += 1
+            advance()
+    ok = np.isfinite(lat)
+    if ok.sum() < 8:
+        raise TensorplanError(f"calibrate: only {int(ok.sum())} of {len(idx)} programs were timed stably here "
+                              f"(need 8; skipped: {skipped}); if 'unstable' dominates the machine is busy: rerun "
+                              "when it is quiet, or select more programs (--tasks, --per-task)")
+    here = dataclasses.replace(arr.subset(idx[ok]), latency_s=lat[ok])
+    cal = Calibrated(est, source=source, seed=seed,
+                     source_features=device_features(source, ds.devices).tolist()).fit(here)
+    src_pred = cal._source_pred(here)
+    info = {"host": host_id(), "threads": threads, "source": source, "tasks": [str(t) for t in tasks],
+            "n_timed": int(ok.sum()), "n_selected": int(len(idx)), "skipped": skipped, "time_s": time.perf_counter() - t0,
+            "excluded_networks": list(exclude_networks), "max_mad": max_mad,
+            "here_vs_source_median_ratio": float(np.median(lat[ok] / arr.latency_s[idx[ok]])),
+            "uncalibrated_on_samples": regression_metrics(src_pred, lat[ok]),
+            "calibrated_on_samples": regression_metrics(cal.predict(here), lat[ok])}
+    dest = Path(out) if out is not None else local_model_path(threads)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    info["path"] = str(cal.save(dest))
+    dest.with_suffix(".calibration.json").write_text(json.dumps(info, indent=1))
+    if log:
+        log(f"calibrated on {info['n_timed']} programs of {len(tasks)} tasks timed here: this CPU runs them "
+            f"{info['here_vs_source_median_ratio']:.2f}x the collection CPU's time (median); saved {info['path']}")
+    return info

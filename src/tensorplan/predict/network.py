@@ -1,0 +1,176 @@
+"""Whole-network latency prediction (`tensorplan predict`), and its measured check.
+
+A network becomes its fused kernels (`tasks.network_tasks`); each kernel gets one deterministic
+schedule (`default_task_schedule`: meta-schedule design-space sample 0, drawn exactly as the
+dataset draws its programs), its compact AST, and a predicted latency. The network's latency is
+the call-count-weighted sum, the quantity CDMPP's end-to-end replay predicts.
+
+Why `measure`: a prediction alone is a claim. With `measure=True` every kernel is also compiled
+with that same schedule and timed on this machine with the dataset's timer (`dataset.time_module`,
+TVM's runtime pool at the domain's thread count), so the user sees per kernel and for the whole
+network how far the prediction is from this CPU's reality. That is only possible for this
+machine's own domains (`local`, `local-Nt`). On a CPU other than the one the training data came
+from, this is a zero-shot test of a new device: the device vector describes this machine
+(`devices.resolve`), while every label the model learnt from came from the collection CPU.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import TensorplanError
+from ..progress import progress_bar
+from .cdmpp import SHIPPED_MODEL, ProgramArrays, load_estimator, load_shipped, regression_metrics, resolve_domain
+
+# the dataset's timer settings (`dataset.collect`), with a longer cap: a network's big kernels
+# (a VGG convolution with an untuned schedule) run for seconds and must still be timed
+MEASURE_TIMER = {"min_repeat_s": 2e-5, "repeats": 15, "max_kernel_s": 5.0}
+
+
+def default_task_schedule(task, target=None, tries: int = 8):
+    """A deterministic schedule for a task -> (module, description, sample index or None):
+    meta-schedule design-space sample 0 (same sampler and seeds as the dataset, so the program looks
+    like the training data, and is the dataset's program `index` of that task where it was
+    measured); the unscheduled function if none applies."""
+    import tvm
+
+    from .dataset import _TaskState, sample_schedule
+
+    target = target or tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    try:
+        st = _TaskState(task, target)
+        for i in range(tries if st.spaces else 0):
+            r = sample_schedule(st, i)
+            if r is not None:
+                return r[0].mod, f"meta-schedule sample {i}", i
+    except Exception:  # noqa: BLE001 - fall back to the plain loop nest
+        pass
+    return task.mod, "unscheduled", None
+
+
+def local_threads(domain: str) -> int:
+    """Thread count of one of this machine's domains ('local-2t' -> 2); a clear error otherwise."""
+    m = re.fullmatch(r"local-(\d+)t", domain)
+    if not m:
+        raise TensorplanError(f"--measure times the kernels on this machine, so the device must be 'local' or "
+                              f"'local-<N>t', not '{domain}'; predict '{domain}' without --measure")
+    n = int(m.group(1))
+    if not 1 <= n <= (os.cpu_count() or 1):
+        raise TensorplanError(f"device '{domain}': this machine has {os.cpu_count()} CPU(s), "
+                              f"cannot time kernels at {n} threads")
+    return n
+
+
+def measured_summary(kernels: list[dict]) -> dict:
+    """Prediction vs measurement over the kernels that were timed: per-kernel metrics (each kernel
+    once), rank correlation across kernels, and the call-weighted totals over the same kernels."""
+    from scipy.stats import spearmanr
+
+    ok = [k for k in kernels if k.get("measured_us")]
+    out: dict = {"kernels_measured": len(ok), "kernels_failed": [k["task"] for k in kernels
+                                                                 if not k.get("measured_us")]}
+    if not ok:
+        return out
+    pred = np.array([k["predicted_us"] for k in ok]) * 1e-6
+    meas = np.array([k["measured_us"] for k in ok]) * 1e-6
+    calls = np.array([k["calls"] for k in ok], np.float64)
+    out["per_kernel"] = regression_metrics(pred, meas)
+    out["spearman_across_kernels"] = float(spearmanr(pred, meas).statistic) if len(ok) > 2 else float("nan")
+    out["predicted_ms"] = float(calls @ pred * 1e3)
+    out["measured_ms"] = float(calls @ meas * 1e3)
+    out["total_ratio"] = out["predicted_ms"] / out["measured_ms"]
+    out["total_ape_pct"] = 100 * abs(out["total_ratio"] - 1)
+    return out
+
+
+def predict_network(model: str, device: str = "local", weights: str | Path | None = None,
+                    log: Callable[[str], None] | None = None, measure: bool = False,
+                    progress: bool = False, calibrated: bool = True) -> dict:
+    """MODEL (ONNX path or zoo name) -> fused tasks -> default schedule -> features -> latency.
+
+    `measure`: also compile and time each kernel's program here (`local` domains only) and report
+    prediction vs measurement (`measured_summary`, key "measured"). `calibrated`: for this machine's
+    domains, use the model `tensorplan calibrate` fitted here when there is one (and no `weights`)."""
+    import tvm
+
+    from ..graph import zoo
+    from .dataset import init_pool, time_module
+    from .features import compact_ast
+    from .tasks import network_tasks, task_io_of
+
+    dom = resolve_domain(device)
+    threads = local_threads(dom) if measure else None
+    if threads is not None:
+        init_pool(threads)     # before anything configures TVM's runtime pool (dataset.init_pool)
+    if weights is None and calibrated and re.fullmatch(r"local-\d+t", dom):
+        from .local_calibration import local_model_path
+        here = local_model_path(int(dom[6:-1]))
+        weights = here if here.exists() else None    # `tensorplan calibrate` made one for this CPU
+    est = load_shipped() if weights is None else load_estimator(weights)
+    p = Path(model)
+    if p.suffix == ".onnx":
+        if not p.exists():
+            raise TensorplanError(f"model file '{p}' does not exist")
+        path, name = p, p.stem
+    else:
+        path, name = zoo.export(model), model
+    t0 = time.perf_counter()
+    tasks = network_tasks(path, name)
+    if not tasks:
+        raise TensorplanError(f"model '{model}': no fused kernels found")
+    asts, how, ios, mods, sample = [], [], [], [], []
+    with progress_bar("schedule + featurize", len(tasks), progress) as advance:
+        for t in tasks:
+            mod, h, i = default_task_schedule(t)
+            sample.append(i)
+            asts.append(compact_ast(mod))
+            ios.append(task_io_of(mod))
+            how.append(h)
+            mods.append(mod)
+            advance()
+            if log:
+                log(f"{t.name}: {h}, {asts[-1].n_leaves} leaves")
+    t1 = time.perf_counter()
+    arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
+                                      task_key=[t.key for t in tasks], flops=[a.flops for a in asts], task_io=ios)
+    # an ensemble also says how much its members disagree (std of log latency) per kernel
+    logs = est.member_log_predictions(arr) if hasattr(est, "member_log_predictions") else None
+    pred, spread = est.from_logs(logs) if logs is not None else (est.predict(arr), None)
+    t2 = time.perf_counter()
+    kernels = []
+    for i, (t, a, h, s) in enumerate(zip(tasks, asts, how, pred)):
+        c = int(t.networks.get(name, 1))
+        kernels.append({"task": t.name, "key": t.key, "calls": c, "flops": float(t.flops), "leaves": a.n_leaves,
+                        "schedule": h, "sample": sample[i], "predicted_us": 1e6 * float(s), "total_us": 1e6 * float(s) * c})
+        if spread is not None:
+            kernels[-1]["log_spread"] = float(spread[i])
+    total = sum(k["total_us"] for k in kernels)
+    out = {"model": name, "device": device, "domain": dom, "predictor": type(est).__name__,
+           "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
+           "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1}
+    if logs is not None:   # the whole model as each member alone predicts it: a range for the total
+        calls = np.array([k["calls"] for k in kernels], np.float64)
+        out["member_total_ms"] = (np.exp(logs) @ calls * 1e3).tolist()
+    if threads is not None:
+        target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
+        t3 = time.perf_counter()
+        with progress_bar("compile + time", len(tasks), progress) as advance:
+            for k, t, mod in zip(kernels, tasks, mods):
+                r = time_module(mod, t, target, [threads], **MEASURE_TIMER)
+                advance()
+                if isinstance(r, str):
+                    k["measure_error"] = r
+                    if log:
+                        log(f"{t.name}: not measured ({r})")
+                    continue
+                k["measured_us"] = 1e6 * r[threads].median_s
+                k["measured_cov"] = r[threads].cov
+        out["measured"] = measured_summary(kernels)
+        out["measured"]["threads"] = threads
+        out["measure_s"] = time.perf_counter() - t3
+    return out

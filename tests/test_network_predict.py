@@ -1,0 +1,72 @@
+"""`tensorplan predict --measure` and `tensorplan calibrate`: predictions checked against kernels
+compiled and timed on this machine, and the predictor calibrated to it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tensorplan.errors import TensorplanError
+from tensorplan.predict.network import local_threads, measured_summary, predict_network
+
+
+def test_measured_summary_weights_totals_by_calls_and_skips_unmeasured():
+    ks = [{"task": "a", "calls": 2, "predicted_us": 10.0, "measured_us": 20.0},
+          {"task": "b", "calls": 1, "predicted_us": 30.0, "measured_us": 30.0},
+          {"task": "c", "calls": 1, "predicted_us": 5.0, "measured_us": 4.0},
+          {"task": "d", "calls": 3, "predicted_us": 7.0, "measure_error": "failed"}]
+    s = measured_summary(ks)
+    assert s["kernels_measured"] == 3 and s["kernels_failed"] == ["d"]
+    assert s["predicted_ms"] == pytest.approx((2 * 10 + 30 + 5) / 1e3)
+    assert s["measured_ms"] == pytest.approx((2 * 20 + 30 + 4) / 1e3)
+    assert s["total_ratio"] == pytest.approx(55 / 74)
+    assert s["per_kernel"]["mape_pct"] == pytest.approx(100 * (0.5 + 0 + 0.25) / 3)
+    assert s["spearman_across_kernels"] == pytest.approx(1.0)
+
+
+def test_measure_only_on_this_machines_domains():
+    assert local_threads("local-1t") == 1
+    with pytest.raises(TensorplanError, match="'local' or 'local-<N>t', not 'zen4-1t'"):
+        predict_network("tiny-mlp", device="zen4-1t", measure=True)
+    with pytest.raises(TensorplanError, match="cannot time kernels at 512 threads"):
+        local_threads("local-512t")
+
+
+def _cli(*args, env):
+    r = subprocess.run([sys.executable, "-m", "tensorplan", *args], capture_output=True, text=True, env=env,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout[r.stdout.index("{"):])
+
+
+@pytest.mark.slow
+def test_calibrate_here_then_predict_with_measurement(tmp_path):
+    """Real dataset programs compiled and timed here, a correction fitted, and `predict --device local`
+    picks the calibration up; `--measure` times every kernel of the network. Each step runs in a fresh
+    process, as a user runs it (TVM's thread pool is set up once per process)."""
+    env = {**os.environ, "TENSORPLAN_CACHE": str(tmp_path / "cache")}
+    info = _cli("calibrate", "--threads", "1", "--tasks", "6", "--per-task", "4", "--json", env=env)
+    assert info["n_selected"] == 24 and len(info["tasks"]) == 6
+    assert info["n_timed"] >= 8 and info["n_timed"] + sum(info["skipped"].values()) == 24
+    assert info["here_vs_source_median_ratio"] > 0
+    # the fitted correction is at least as good on its own samples as the uncorrected model
+    assert info["calibrated_on_samples"]["mean_abs_log_ratio"] <= info["uncalibrated_on_samples"]["mean_abs_log_ratio"]
+    assert os.path.exists(info["path"]) and "local" in os.path.basename(info["path"])
+
+    r = _cli("predict", "tiny-mlp", "--device", "local-1t", "--measure", "--json", env=env)
+    assert r["predictor"] == "Calibrated" and r["weights"] == info["path"]
+    m = r["measured"]
+    assert m["threads"] == 1 and m["kernels_measured"] == r["n_kernels"] >= 3 and not m["kernels_failed"]
+    assert all(k["measured_us"] > 0 and k["measured_cov"] >= 0 for k in r["kernels"])
+    assert m["measured_ms"] == pytest.approx(sum(k["calls"] * k["measured_us"] for k in r["kernels"]) / 1e3)
+    assert m["total_ratio"] == pytest.approx(r["total_ms"] / m["measured_ms"])
+    # the largest kernel (a matmul of most of the FLOPs) takes longer than the smallest one
+    big = max(r["kernels"], key=lambda k: k["flops"])
+    small = min(r["kernels"], key=lambda k: k["flops"])
+    assert big["measured_us"] > small["measured_us"]
+
+    shipped = _cli("predict", "tiny-mlp", "--device", "local-1t", "--shipped", "--json", env=env)
+    assert shipped["predictor"] != "Calibrated" and "measured" not in shipped
