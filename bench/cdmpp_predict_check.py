@@ -11,10 +11,14 @@ splits the error in two: the model against the CPU it learnt from (its fit), and
 against this one (the device shift a zero-shot prediction has to bridge). Networks absent from the
 dataset (yolov4, tiny-style, tiny-linear-attention) are the unseen ones.
 
+`--calibrate` first runs `tensorplan calibrate` here (`local_calibration.calibrate_here`) with the
+checked networks' tasks excluded, so the calibration never timed a checked kernel's task, and
+predicts every kernel with both models against the same measurement.
+
 One JSON line per (network, host CPU) in the JSONL, appended when done, so a killed run resumes;
 `--summary` writes the table (JSON) and a scatter (PNG).
 
-    python bench/cdmpp_predict_check.py                 # measure (about 1-3 min per network)
+    python bench/cdmpp_predict_check.py --calibrate     # about 15 min on a 2-core VM
     python bench/cdmpp_predict_check.py --summary
 """
 from __future__ import annotations
