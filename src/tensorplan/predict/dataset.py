@@ -331,12 +331,10 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     import tvm
     from ..devices import resolve
     from ..measure.store import Store
-    from ..measure.timer import _tvm_threadpool
     from .tasks import DEFAULT_NETWORKS
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     networks = list(networks or DEFAULT_NETWORKS)
-    cfg, num = _tvm_threadpool()
     st = store if isinstance(store, Store) else Store(store)
     t_start = time.time()
     deadline = t_start + budget_minutes * 60 if budget_minutes else None
