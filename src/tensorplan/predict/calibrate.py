@@ -63,7 +63,7 @@ class Calibrated(Estimator):
         p.pop("base")                       # saved in the state, as a nested model blob
         return p
 
-    def _source_pred(self, arr: ProgramArrays) -> np.ndarray:
+    def source_predict(self, arr: ProgramArrays) -> np.ndarray:
         if self.base is None:
             raise TensorplanError("calibrated: no base model")
         vec = (np.asarray(self.source_features, np.float32) if self.source_features is not None
@@ -79,7 +79,7 @@ class Calibrated(Estimator):
         y = _labelled(arr, "calibrated.fit")
         if len(arr) < 8:
             raise TensorplanError(f"calibrated: need at least 8 target samples to fit a correction, got {len(arr)}")
-        sp = self._source_pred(arr)
+        sp = self.source_predict(arr)
         params = {"max_depth": self.max_depth, "eta": self.eta, "min_child_weight": self.min_child_weight,
                   "objective": "reg:squarederror", "verbosity": 0, "seed": self.seed, "nthread": 1}
         self.booster = xgb.train(params, xgb.DMatrix(correction_inputs(arr, sp), label=np.log(y / sp)),
@@ -96,7 +96,7 @@ class Calibrated(Estimator):
         if self.booster is None:
             raise TensorplanError("calibrated: the correction is not fitted (fit it on target samples first)")
         arr = as_arrays(records)
-        sp = self._source_pred(arr)
+        sp = self.source_predict(arr)
         return sp * np.exp(self.booster.predict(xgb.DMatrix(correction_inputs(arr, sp))).astype(np.float64))
 
     def _state(self):

@@ -461,7 +461,7 @@ def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_k
     return payload, [(dev_keys[t], timings[t], extra) for t in threads]
 
 
-def _time_trace(task, trace, target, threads: Sequence[int], **timer) -> dict[int, Any] | str:
+def time_trace(task, trace, target, threads: Sequence[int], **timer) -> dict[int, Any] | str:
     """Replay a stored schedule trace of `task`, compile it and time it at each thread count
     (`_time_lib`); "failed" if it no longer replays, builds or runs here."""
     try:
@@ -543,8 +543,8 @@ def remeasure(store: Any = None, *, threads: Sequence[int] = (1, 2), budget_minu
             s_ = scripts[tk]
             mods[tk] = task_from_script(tk, s_["name"], s_["script"], {}, s_.get("flops", 0.0))
         task = mods[tk]
-        timings = _time_trace(task, p["trace"], target, threads, min_repeat_s=min_repeat_s,
-                              max_kernel_s=max_kernel_s, repeats=repeats)
+        timings = time_trace(task, p["trace"], target, threads, min_repeat_s=min_repeat_s,
+                             max_kernel_s=max_kernel_s, repeats=repeats)
         with st.transaction():
             if not isinstance(timings, str):
                 st.put_measurements([(pk, dev_keys[t], timings[t], TAG, {"timer": TIMER_VERSION, "remeasured": True})
@@ -649,7 +649,7 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
         """(program, timings) in order; compiled here or in batches by the workers."""
         if pre is None:
             for p in todo:
-                yield p, _time_trace(task_of(p["task_key"]), p["trace"], target, threads, **timer)
+                yield p, time_trace(task_of(p["task_key"]), p["trace"], target, threads, **timer)
             return
         step = 4 * pre.workers
         for a in range(0, len(todo), step):

@@ -60,7 +60,7 @@ def calibrate_here(threads: int, *, n_tasks: int = 40, per_task: int = 4, data=N
 
     from .calibrate import Calibrated
     from .cdmpp import as_arrays, device_features, load_estimator, load_shipped, regression_metrics
-    from .dataset import init_pool, load_dataset, mad_rel, replay_trace, time_module
+    from .dataset import init_pool, load_dataset, mad_rel, time_trace
     from .finetune import programs_of_tasks, select_tasks_kmeans
     from .tasks import task_from_script
 
@@ -91,21 +91,14 @@ def calibrate_here(threads: int, *, n_tasks: int = 40, per_task: int = 4, data=N
     t0 = time.perf_counter()
     with progress_bar(f"time {len(idx)} programs here", len(idx), progress) as advance:
         for j, i in enumerate(idx):
-            task = task_of(str(arr.task_key[i]))
-            try:
-                mod = replay_trace(task.mod, arr.trace[i]).mod
-            except Exception:  # noqa: BLE001 - a trace that no longer replays is skipped
-                mod = None
-            if mod is not None:
-                r = time_module(mod, task, target, [threads], min_repeat_s=2e-5, repeats=15, max_kernel_s=1.0)
-                if isinstance(r, str):
-                    skipped["failed" if r == "failed" else "too_slow"] += 1
-                elif mad_rel(r[threads].repeats) > max_mad:    # the dataset's robust stability measure
-                    skipped["unstable"] += 1
-                else:
-                    lat[j] = r[threads].median_s
+            r = time_trace(task_of(str(arr.task_key[i])), arr.trace[i], target, [threads],
+                           min_repeat_s=2e-5, repeats=15, max_kernel_s=1.0)
+            if isinstance(r, str):          # no longer replays / builds / runs, or too slow
+                skipped["failed" if r == "failed" else "too_slow"] += 1
+            elif mad_rel(r[threads].repeats) > max_mad:    # the dataset's robust stability measure
+                skipped["unstable"] += 1
             else:
-                skipped["failed"] += 1
+                lat[j] = r[threads].median_s
             advance()
     ok = np.isfinite(lat)
     if ok.sum() < 8:
@@ -115,7 +108,7 @@ def calibrate_here(threads: int, *, n_tasks: int = 40, per_task: int = 4, data=N
     here = dataclasses.replace(arr.subset(idx[ok]), latency_s=lat[ok])
     cal = Calibrated(est, source=source, seed=seed,
                      source_features=device_features(source, ds.devices).tolist()).fit(here)
-    src_pred = cal._source_pred(here)
+    src_pred = cal.source_predict(here)
     info = {"host": host_id(), "threads": threads, "source": source, "tasks": [str(t) for t in tasks],
             "n_timed": int(ok.sum()), "n_selected": int(len(idx)), "skipped": skipped, "time_s": time.perf_counter() - t0,
             "excluded_networks": list(exclude_networks), "max_mad": max_mad,
