@@ -278,3 +278,102 @@ def test_winograd_plan_records_the_convs_and_runs(tmp_path):
     assert plan.source["rewrites"] == [["conv3x3_winograd", "conv"]] and plan.options["winograd"]
     res = run_plan(plan.save(tmp_path / "plan.json"), repeats=3)   # re-derives the graph, checks vs ORT
     assert res.max_rel_err is not None and res.max_rel_err <= 1e-4
+
+
+def mish_model(as_op: bool = False, shared_tanh: bool = False):
+    """Conv -> Mish, written as the ONNX Mish op (opset 18) or as the Softplus -> Tanh -> Mul
+    chain exporters emit; `shared_tanh` gives the Tanh a second consumer (the rule must not fire)."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(4 * rng.standard_normal((6, 3, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1])]
+    if as_op:
+        nodes.append(helper.make_node("Mish", ["c"], ["y"], name="mish"))
+    else:
+        nodes += [helper.make_node("Softplus", ["c"], ["sp"], name="sp"),
+                  helper.make_node("Tanh", ["sp"], ["t"], name="tanh"),
+                  helper.make_node("Mul", ["t", "c"], ["y"], name="mul")]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if shared_tanh:
+        outs.append(helper.make_tensor_value_info("t", TensorProto.FLOAT, None))
+    g = helper.make_graph(nodes, "mish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                          outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18 if as_op else 17)])
+    m.ir_version = 9
+    return m
+
+
+@pytest.mark.parametrize("as_op", [False, True])
+def test_mish_becomes_vectorizable_operators_exactly(as_op):
+    g = import_onnx(mish_model(as_op))
+    r = rewrite(g)
+    assert r.counts == {"mish_sigmoid": 1}
+    ops = [n.op for n in r.graph.nodes]
+    assert not {"Softplus", "Tanh", "Mish"} & set(ops) and ops.count("Sigmoid") == 1
+    # conv outputs span about +-60: both tails (sigmoid saturated, exp underflowed) are hit
+    feeds = _feeds(g)
+    assert np.abs(run_onnxruntime(g, feeds)["y"]).max() > 30
+    _same_outputs(g, r.graph, feeds, tol=2e-6)
+
+
+def test_mish_rule_leaves_a_shared_intermediate_alone():
+    g = import_onnx(mish_model(shared_tanh=True))
+    assert rewrite(g).applied == []
+
+
+def focus_model(one_slice: bool = False, phases=((0, 0), (1, 0), (0, 1), (1, 1)), stride=1, pads=(1, 1, 1, 1)):
+    """YOLOX's Focus stem: four 2x2 phases of the image stacked on channels, then a 3x3 conv
+    with bias. Built from two chained Slices per phase (H, then W) as torch exports it, or from
+    one Slice over both axes (`one_slice`)."""
+    rng = np.random.default_rng(2)
+    inits = {"w": rng.standard_normal((5, 4 * 3, 3, 3)).astype(np.float32),
+             "b": rng.standard_normal(5).astype(np.float32),
+             "end": np.array([1 << 30], np.int64), "end2": np.array([1 << 30, 1 << 30], np.int64),
+             "ax2": np.array([2], np.int64), "ax3": np.array([3], np.int64), "ax23": np.array([2, 3], np.int64),
+             "st": np.array([2], np.int64), "st2": np.array([2, 2], np.int64)}
+    for v in (0, 1):
+        inits[f"s{v}"] = np.array([v], np.int64)
+        for u in (0, 1):
+            inits[f"s{v}{u}"] = np.array([v, u], np.int64)
+    nodes, parts = [], []
+    for k, (dh, dw) in enumerate(phases):
+        if one_slice:
+            nodes.append(helper.make_node("Slice", ["x", f"s{dh}{dw}", "end2", "ax23", "st2"], [f"p{k}"], name=f"sl{k}"))
+        else:
+            nodes += [helper.make_node("Slice", ["x", f"s{dh}", "end", "ax2", "st"], [f"h{k}"], name=f"slh{k}"),
+                      helper.make_node("Slice", [f"h{k}", f"s{dw}", "end", "ax3", "st"], [f"p{k}"], name=f"slw{k}")]
+        parts.append(f"p{k}")
+    nodes += [helper.make_node("Concat", parts, ["cat"], axis=1, name="cat"),
+              helper.make_node("Conv", ["cat", "w", "b"], ["y"], name="stem", pads=list(pads), strides=[stride] * 2)]
+    g = helper.make_graph(nodes, "focus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 20])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    return m
+
+
+@pytest.mark.parametrize("kw", [{}, {"one_slice": True, "phases": ((1, 1), (0, 0), (0, 1), (1, 0))},
+                                {"pads": (0, 1, 2, 1)}])
+def test_focus_stem_becomes_one_strided_conv_exactly(kw):
+    g = import_onnx(focus_model(**kw))
+    r = rewrite(g)
+    assert r.counts == {"focus_conv": 1}
+    assert [n.op for n in r.graph.nodes] == ["Conv"]
+    conv = r.graph.nodes[0]
+    assert list(conv.attrs["strides"]) == [2, 2] and list(conv.attrs["kernel_shape"]) == [6, 6]
+    assert analysis.graph_flops(r.graph) == pytest.approx(analysis.graph_flops(g), rel=0.01)
+    _same_outputs(g, r.graph, _feeds(g))
+
+
+@pytest.mark.parametrize("kw", [{"phases": ((0, 0), (1, 0), (0, 1), (0, 1))}, {"stride": 2}])
+def test_focus_rule_needs_all_four_phases_and_a_unit_stride(kw):
+    assert rewrite(import_onnx(focus_model(**kw))).applied == []
+
+
+def test_yolox_focus_stem_and_head_rewrite_match_onnxruntime():
+    from tensorplan.graph import load_model
+    g = load_model("yolox-nano")
+    r = rewrite(g)
+    assert r.counts == {"split_concat_conv": 4, "conv_before_resize": 4, "focus_conv": 1}
+    assert "Slice" not in {n.op for n in r.graph.nodes if n.name.startswith("/stem")}
+    _same_outputs(g, r.graph, _feeds(g), tol=1e-4)

@@ -1,4 +1,5 @@
-"""Algebraic rewrites of the operator graph before fission: exact in real arithmetic, fewer FLOPs.
+"""Algebraic rewrites of the operator graph before fission: exact in real arithmetic, fewer FLOPs
+or cheaper operators.
 
 Why: Korch (and ONNX Runtime) only regroup the operators a model is given. Decoders and
 feature pyramids (SegFormer's all-MLP head, YOLO necks) upsample low-resolution maps and
@@ -24,6 +25,24 @@ ONNX Runtime on the original model in tests/test_rewrite.py):
   an edge pad of ``x``; both the upsampling and the pad are checked numerically on the
   node's own shapes before the rule fires.
 
+- ``mish_sigmoid``: Mish ``x * tanh(softplus(x))`` (the ONNX ``Mish`` op, or the
+  ``Softplus -> Tanh -> Mul`` chain exporters write) as ``x * m / (2 - m)`` with
+  ``m = s * (2 - s)``, ``s = sigmoid(x)``: with ``u = (1 + e^x)^2 = 1 / (1 - s)^2``,
+  ``tanh(softplus(x)) = (u - 1) / (u + 1)``, and multiplying through by ``(1 - s)^2`` gives
+  ``m / (2 - m)``. No FLOPs saved, but every operator is one ONNX Runtime vectorizes and runs
+  on both threads, where its ``Softplus`` (and ``Mish``, which it expands into Softplus) is a
+  scalar loop: 3-4x faster Mish there (YOLOv4 spends 2/3 of its ORT time in Softplus); fused
+  kernels (TVM, Inductor) compute either form in one pass. No overflow: the sigmoid saturates.
+
+- ``focus_conv``: YOLOv5/YOLOX's "Focus" stem, ``Conv_KxK(Concat(x[::2, ::2], x[1::2, ::2],
+  x[::2, 1::2], x[1::2, 1::2]))`` (strided Slices of the image stacked on channels), is one
+  stride-2 ``2K x 2K`` convolution of ``x`` with the weight taps interleaved by phase,
+  ``W'[o, c, 2a + dh, 2b + dw] = W[o, k*C + c, a, b]`` for the part ``k`` at phase
+  ``(dh, dw)``, and the padding doubled: the same multiply-adds, but no Slice/Concat passes
+  (ORT's strided Slice is a scalar copy: a third of YOLOX-nano's ORT time). The phases are
+  found by running the Slice chain on an index image, so any slicing that stacks the four
+  phases qualifies.
+
 - ``conv3x3_winograd`` (only for the convolutions named in ``rewrite(..., winograd=names)``,
   chosen by measurement in plan/winograd.py, since it pays only where the GEMMs are large
   enough): a stride-1 3x3 convolution as Winograd F(4x4, 3x3) (Lavin & Gray): each 6x6 input
@@ -45,7 +64,8 @@ import numpy as np
 from .ir import Graph, Node, Tensor, unique_name
 from .reference import run_node
 
-RULES = ("identity_resize", "split_concat_conv", "conv_before_resize", "upsample_conv_phases")
+RULES = ("identity_resize", "split_concat_conv", "conv_before_resize", "upsample_conv_phases", "mish_sigmoid",
+         "focus_conv")
 WINOGRAD = "conv3x3_winograd"
 
 
@@ -219,6 +239,110 @@ def _conv_before_resize(g: Graph, ed: _Editor, applied: list) -> bool:
             r_ins[sidx] = ed.const(f"{rs.inputs[sidx]}.c{y.shape[1]}", sizes)
         resize = Node(ed.name(f"{rs.name}.after_{n.name}"), rs.op, r_ins, [n.outputs[0]], dict(rs.attrs), rs.domain)
         return _replace(g, n, [conv, resize], "conv_before_resize", applied)
+    return False
+
+
+def _mish_chain(g: Graph, n: Node, cons: dict, prod: dict) -> tuple[str, list[Node]] | None:
+    """(x, [Softplus, Tanh]) if `n` is the Mul ending x * Tanh(Softplus(x)) with private
+    intermediates; (x, []) for an ONNX Mish node; else None."""
+    if n.op == "Mish" and n.domain in ("", "ai.onnx"):
+        return n.inputs[0], []
+    if n.op != "Mul" or len(n.inputs) != 2:
+        return None
+    private = lambda t: len(cons.get(t, [])) == 1 and t not in g.outputs  # noqa: E731
+    for x, t in (n.inputs, n.inputs[::-1]):
+        th = prod.get(t)
+        if th is None or th.op != "Tanh" or not private(t):
+            continue
+        sp = prod.get(th.inputs[0])
+        if sp is not None and sp.op == "Softplus" and sp.inputs[0] == x and private(th.inputs[0]):
+            return x, [sp, th]
+    return None
+
+
+def _mish_sigmoid(g: Graph, ed: _Editor, applied: list) -> bool:
+    prod, cons = g.producers(), g.consumers()
+    for n in list(g.nodes):
+        chain = _mish_chain(g, n, cons, prod)
+        if chain is None:
+            continue
+        x, old = chain
+        y = g.tensors[n.outputs[0]]
+        two = ed.const(f"{n.name}.two", np.array(2.0, dtype=y.dtype))
+        new: list[Node] = []
+
+        def op(kind: str, ins: list[str], out: str | None = None) -> str:
+            out = out or ed.tensor(f"{n.outputs[0]}.{kind.lower()}", y.shape, y.dtype)
+            new.append(Node(ed.name(f"{n.name}.{kind.lower()}"), kind, ins, [out]))
+            return out
+
+        s = op("Sigmoid", [x])
+        m = op("Mul", [s, op("Sub", [two, s])])
+        op("Mul", [x, op("Div", [m, op("Sub", [two, m])])], out=n.outputs[0])
+        for o in old:
+            g.nodes.remove(o)
+        return _replace(g, n, new, "mish_sigmoid", applied)
+    return False
+
+
+def _focus_phases(g: Graph, cat: Node, prod: dict) -> tuple[str, list[tuple[int, int]]] | None:
+    """(x, [(dh, dw) per Concat part]) if every part of `cat` is a chain of Slices of one 4-D x
+    picking one 2x2 phase of its spatial grid, all four phases once; else None."""
+    src, chains = None, []
+    for p in cat.inputs:
+        chain, t = [], p
+        while t in prod and prod[t].op == "Slice" and all(_const(g, i) is not None for i in prod[t].inputs[1:] if i):
+            chain.append(prod[t])
+            t = prod[t].inputs[0]
+        if not chain or (src is not None and t != src):
+            return None
+        src = t
+        chains.append(chain[::-1])
+    x = g.tensors[src]
+    if len(cat.inputs) != 4 or len(x.shape) != 4 or x.shape[2] % 2 or x.shape[3] % 2:
+        return None
+    probe = np.arange(int(np.prod(x.shape)), dtype=np.int64).reshape(x.shape)
+    phases = []
+    for chain in chains:
+        v = probe
+        for sl in chain:
+            v = run_node(sl, [v] + [_const(g, i) if i else None for i in sl.inputs[1:]])[0]
+        hit = [(dh, dw) for dh in (0, 1) for dw in (0, 1)
+               if v.shape == probe[:, :, dh::2, dw::2].shape and np.array_equal(v, probe[:, :, dh::2, dw::2])]
+        if not hit:
+            return None
+        phases.append(hit[0])
+    return (src, phases) if len(set(phases)) == 4 else None
+
+
+def _focus_conv(g: Graph, ed: _Editor, applied: list) -> bool:
+    prod = g.producers()
+    for n in list(g.nodes):
+        cat = prod.get(n.inputs[0]) if n.op == "Conv" and n.inputs else None
+        if cat is None or cat.op != "Concat" or int(cat.attrs.get("axis", 1)) % 4 != 1:
+            continue
+        w = _const(g, n.inputs[1]) if len(n.inputs) > 1 else None
+        a = n.attrs
+        if w is None or w.ndim != 4 or int(a.get("group", 1)) != 1 or _s(a.get("auto_pad"), "NOTSET") != "NOTSET" \
+                or any(int(v) != 1 for v in list(a.get("strides", [1, 1])) + list(a.get("dilations", [1, 1]))):
+            continue
+        if len(n.inputs) > 2 and n.inputs[2] and _const(g, n.inputs[2]) is None:
+            continue
+        found = _focus_phases(g, cat, prod)
+        if found is None:
+            continue
+        x, phases = found
+        c = g.tensors[x].shape[1]
+        o, _, kh, kw = w.shape
+        w2 = np.zeros((o, c, 2 * kh, 2 * kw), dtype=w.dtype)
+        for k, (dh, dw) in enumerate(phases):
+            w2[:, :, dh::2, dw::2] = w[:, k * c:(k + 1) * c]
+        attrs = dict(a)
+        attrs.update(kernel_shape=[2 * kh, 2 * kw], strides=[2, 2],
+                     pads=[2 * int(p) for p in a.get("pads", [0, 0, 0, 0])])
+        ins = [x, ed.const(f"{n.inputs[1]}.focus", w2), *n.inputs[2:]]
+        return _replace(g, n, [Node(ed.name(f"{n.name}.focus"), "Conv", ins, list(n.outputs), attrs, n.domain)],
+                        "focus_conv", applied)
     return False
 
 
@@ -439,7 +563,9 @@ def rewrite(graph: Graph, rules: tuple[str, ...] | list[str] = RULES, winograd=(
     steps = {"identity_resize": lambda: _drop_identity_resizes(g, applied),
              "split_concat_conv": lambda: _split_concat_conv(g, ed, applied),
              "conv_before_resize": lambda: _conv_before_resize(g, ed, applied),
-             "upsample_conv_phases": lambda: _upsample_conv_phases(g, ed, applied)}
+             "upsample_conv_phases": lambda: _upsample_conv_phases(g, ed, applied),
+             "mish_sigmoid": lambda: _mish_sigmoid(g, ed, applied),
+             "focus_conv": lambda: _focus_conv(g, ed, applied)}
     changed = True
     while changed:
         changed = False
