@@ -82,6 +82,11 @@ def _geo(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def _day(epoch: float | None) -> str:
+    import time
+    return "–" if epoch is None else time.strftime("%Y-%m-%d", time.gmtime(epoch))
+
+
 def korch_section(kdir: Path) -> list[str]:
     rows = []
     for p in sorted(kdir.glob("korch_*.json")):
@@ -103,10 +108,11 @@ def korch_section(kdir: Path) -> list[str]:
            "the plan from Korch's kernels alone (no ONNX Runtime region candidates); `tvm-relax` is the untuned "
            "default build, timed separately. `ort-control` is a second, identical ONNX Runtime session "
            "timed like the others: its distance from `onnxruntime` is this run's noise floor. `ORT regions` = "
-           "region kernels after merging / primitives they cover.", "",
+           "region kernels after merging / primitives they cover. `run` is the day the model's run started: "
+           "a model re-run after a change has its own row from that run (every ratio is within one run).", "",
            "| model | " + " | ".join(systems) + " | vs best | kernels | ORT regions | predicted ms "
-           "| load avg (1 min, start→end) |",
-           "|---|" + "---|" * (len(systems) + 5)]
+           "| load avg (1 min, start→end) | run |",
+           "|---|" + "---|" * (len(systems) + 6)]
     ratios = []
     for r in rows:
         m = r["median_ms"]
@@ -118,7 +124,8 @@ def korch_section(kdir: Path) -> list[str]:
         regs = f"{reg.get('kernels_after_merge', 0)} / {reg.get('primitives', 0)} of {r.get('primitives')}" \
             if reg else "–"
         out.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['speedup_vs_best_baseline']:.2f} | "
-                   f"{r['kernels_per_inference']} | {regs} | {r['predicted_ms']:.1f} | {load_avg} |")
+                   f"{r['kernels_per_inference']} | {regs} | {r['predicted_ms']:.1f} | {load_avg} | "
+                   f"{_day(r.get('started'))} |")
     out += ["", f"Geomean speed-up over the best baseline: **{_geo(ratios):.2f}×** over {len(ratios)} models."]
     ctl = [abs(r["median_ms"]["ort-control"] / r["median_ms"]["onnxruntime"] - 1) for r in rows
            if "ort-control" in r["median_ms"]]
@@ -140,8 +147,9 @@ def korch_section(kdir: Path) -> list[str]:
             "Bound = max(FLOPs / peak, minimum bytes / bandwidth) of the model *as given* (peak and bandwidth: "
             "the best measured on this machine, `roofline` in each JSON); × = median latency / bound. "
             "`GFLOP` shows the model as given → what the plan computes after the rewrites. Optimisation "
-            "time of the final plan in seconds: enumerate (candidates and regions) / profile (costing; kernels "
-            "already in the measurement store cost nothing, so this is the warm-store figure) / solve (BLP). "
+            "time of the final plan in seconds: enumerate (candidates and regions) / profile (costing: kernels "
+            "already in the measurement store cost nothing, so it is near zero where the store was warm and "
+            "the compile + timing time where it was not) / solve (BLP). "
             "`cold profile s` is the compile + timing time this run spent on kernels not yet in the store.", "",
             "| model | bound ms | GFLOP | " + " | ".join(f"× {s}" for s in base) +
             " | rewrites | enumerate s | profile s | solve s | solver | candidates (unique) | cold profile s |",
@@ -171,8 +179,10 @@ def korch_section(kdir: Path) -> list[str]:
                 "with them, same run). They move 1x1 convolutions in front of the upsampling that feeds them "
                 "(through the Concat), so the convolution runs on 4–64× fewer pixels, and compute a 3x3 "
                 "convolution of a nearest-upsampled map as four 2x2 convolutions of the small map, one per "
-                "output phase (2.25× fewer multiply-adds; candy's decoder); ONNX Runtime and "
-                "torch.compile compute the model as written."]
+                "output phase (2.25× fewer multiply-adds; candy's decoder), write Mish as "
+                "Sigmoid/Mul/Sub/Div (ONNX Runtime's Softplus is a scalar loop: two thirds of its YOLOv4 time) "
+                "and YOLOX's Focus stem (strided Slices + Concat + 3x3 Conv) as one stride-2 6x6 convolution; "
+                "ONNX Runtime and torch.compile compute the model as written."]
     nr = [r["ablations"]["no-regions"]["slowdown"] for r in rows if "no-regions" in (r.get("ablations") or {})]
     if nr:
         pm = [r["measured_ms"] / r["predicted_ms"] for r in rows if r.get("predicted_ms")]
@@ -215,8 +225,11 @@ def korch_section(kdir: Path) -> list[str]:
 def standalone_section(kdir: Path) -> list[str]:
     out = []
     mixed: dict[str, list[float]] = {}  # model -> standalone timings of its multi-kernel plan
-    for fname, cmd in (("korch_standalone.json", "python bench/korch_standalone.py --models candy,segformer-b0,"
-                        "efficientvit-b1,yolox-nano,yolov4,resnet-50,bert-base"),):
+    for fname, cmd, note in (("korch_standalone.json", "python bench/korch_standalone.py --models candy,segformer-b0,"
+                              "efficientvit-b1,yolox-nano,yolov4,resnet-50,bert-base", ""),
+                             ("korch_standalone_yolo.json", "python bench/korch_standalone.py --models yolox-nano,"
+                              "yolov4 --out bench/results/korch_standalone_yolo.json",
+                              " (a later run: the two plans after the Mish and Focus rewrites)")):
         d = load(fname)
         if not d:
             continue
@@ -225,7 +238,7 @@ def standalone_section(kdir: Path) -> list[str]:
                    "The plan korch_bench wrote for each model, timed in a fresh process against the baselines "
                    "only (no ablation plans, no cost-model kernels alive), interleaved with the same bursts; "
                    "medians in ms, 2 threads."]
-        out += ["", f"`{cmd}`:", "",
+        out += ["", f"`{cmd}`{note}:", "",
                 "| model | tensorplan | onnxruntime | pytorch | torch.compile | vs best | kernels | max rel. err "
                 "| load avg (1 min) |", "|---|---|---|---|---|---|---|---|---|"]
         ratios = []
