@@ -144,6 +144,7 @@ class _Editor:
     def __init__(self, g: Graph):
         self.g = g
         self.names = set(g.tensors) | {n.name for n in g.nodes}
+        self.scalars: dict[tuple[float, str], str] = {}
 
     def name(self, base: str) -> str:
         nm = unique_name(self.names, base)
@@ -154,6 +155,13 @@ class _Editor:
         nm = self.name(base)
         self.g.add_tensor(Tensor(nm, tuple(value.shape), str(value.dtype), value))
         return nm
+
+    def scalar(self, value: float, dtype: str) -> str:
+        """One shared scalar constant per (value, dtype), however many nodes use it."""
+        key = (float(value), str(dtype))
+        if key not in self.scalars:
+            self.scalars[key] = self.const(f"scalar_{value:g}", np.array(value, dtype=dtype))
+        return self.scalars[key]
 
     def tensor(self, base: str, shape, dtype: str = "float32") -> str:
         nm = self.name(base)
@@ -268,7 +276,7 @@ def _mish_sigmoid(g: Graph, ed: _Editor, applied: list) -> bool:
             continue
         x, old = chain
         y = g.tensors[n.outputs[0]]
-        two = ed.const(f"{n.name}.two", np.array(2.0, dtype=y.dtype))
+        two = ed.scalar(2.0, y.dtype)
         new: list[Node] = []
 
         def op(kind: str, ins: list[str], out: str | None = None) -> str:
