@@ -10,7 +10,7 @@ from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.graph import analysis
 from tensorplan.graph.onnx_import import import_onnx
 from tensorplan.graph.reference import rel_error
-from tensorplan.graph.rewrite import rewrite
+from tensorplan.graph.rewrite import output_phase_factor, rewrite
 from tensorplan.graph.to_onnx import graph_to_onnx, run_onnxruntime
 
 TOL = 1e-5
@@ -104,8 +104,9 @@ def test_rules_do_not_fire_where_they_would_be_wrong():
 
 @pytest.mark.parametrize("model, counts, flops_below", [
     ("segformer-b0", {"identity_resize": 1, "split_concat_conv": 1, "conv_before_resize": 3}, 0.7),
-    # candy's two upsampling convolutions are 3.7 of 15.5 GFLOP; 2.25x fewer saves 2.0
-    ("candy", {"upsample_conv_phases": 2}, 0.9),
+    # candy's two upsampling convolutions are 3.7 of 15.5 GFLOP; 2.25x fewer saves 2.0; its 9x9
+    # 32->3 output layer as 4x4 phases adds 0.6 GFLOP of zero taps (but 3x fewer lane-padded ones)
+    ("candy", {"upsample_conv_phases": 2, "conv_output_phases": 1}, 0.95),
 ])
 def test_zoo_decoder_rewrites_match_onnxruntime(model, counts, flops_below):
     from tensorplan.graph import load_model
@@ -377,3 +378,40 @@ def test_yolox_focus_stem_and_head_rewrite_match_onnxruntime():
     assert r.counts == {"split_concat_conv": 4, "conv_before_resize": 4, "focus_conv": 1}
     assert "Slice" not in {n.op for n in r.graph.nodes if n.name.startswith("/stem")}
     _same_outputs(g, r.graph, _feeds(g), tol=1e-4)
+
+
+@pytest.mark.parametrize("kw, s", [
+    ({"c": 8, "k": 3, "h": 16, "w": 24, "kernel": 9, "pads": (4, 4, 4, 4)}, 4),
+    ({"c": 5, "k": 3, "h": 14, "w": 10, "kernel": 9, "pads": (3, 5, 3, 5), "bias": False}, 4),
+    ({"c": 6, "k": 4, "h": 10, "w": 12, "kernel": 3, "pads": (1, 1, 1, 1)}, 2),
+    ({"n": 2, "c": 4, "k": 1, "h": 8, "w": 8, "kernel": 3, "pads": (1, 1, 1, 1)}, 4),
+])
+def test_few_channel_conv_becomes_output_phases_exactly(kw, s):
+    g = import_onnx(conv3x3_model(**kw))
+    r = rewrite(g)
+    assert r.counts == {"conv_output_phases": 1}
+    assert [n.op for n in r.graph.nodes] == ["Conv", "DepthToSpace", "Relu"]
+    conv, d2s = r.graph.nodes[:2]
+    k = kw["kernel"]
+    assert list(conv.attrs["strides"]) == [s, s] and list(conv.attrs["kernel_shape"]) == [k + s - 1] * 2
+    assert r.graph.tensors[conv.inputs[1]].shape[0] == s * s * kw["k"] and d2s.attrs["blocksize"] == s
+    _same_outputs(g, r.graph, _feeds(g))
+
+
+@pytest.mark.parametrize("kw", [
+    {"c": 8, "k": 16, "h": 16, "w": 16, "kernel": 9, "pads": (4, 4, 4, 4)},   # whole lane blocks already
+    {"c": 8, "k": 3, "h": 16, "w": 16, "kernel": 1, "pads": (0, 0, 0, 0)},    # 1x1: phases would not pay
+    {"c": 8, "k": 3, "h": 18, "w": 16, "kernel": 9, "pads": (4, 4, 4, 4)},    # 18 rows: not 4-divisible
+    {"c": 8, "k": 3, "h": 16, "w": 16, "kernel": 9, "pads": (4, 4, 4, 4), "stride": 2},
+    {"c": 8, "k": 4, "h": 16, "w": 16, "kernel": 9, "pads": (4, 4, 4, 4), "group": 2},
+])
+def test_output_phases_refuse_convs_where_they_would_not_pay_or_fit(kw):
+    assert "conv_output_phases" not in rewrite(import_onnx(conv3x3_model(**kw))).counts
+
+
+def test_output_phase_factor_fills_whole_lane_blocks():
+    assert output_phase_factor(3, 9, 9) == 4      # 48 channels, 1296 -> 432 lane-padded taps per pixel
+    assert output_phase_factor(4, 3, 3) == 2      # 16 channels, 144 -> 64
+    assert output_phase_factor(1, 3, 3) == 4
+    assert output_phase_factor(3, 3, 3) is None   # 144 -> 108: under 2x
+    assert output_phase_factor(16, 9, 9) is None and output_phase_factor(3, 1, 1) is None
