@@ -104,9 +104,10 @@ def test_rules_do_not_fire_where_they_would_be_wrong():
 
 @pytest.mark.parametrize("model, counts, flops_below", [
     # the decoder's 1x1 fuse convolution split per stage, moved below the upsampling and folded
-    # into each stage's token projection: 17.1 -> 8.6 GFLOP
+    # into each stage's token projection: 17.1 -> 8.6 GFLOP; each of the 8 Mix-FFNs runs fc1 and
+    # fc2 as 1x1 convolutions on the narrow side of its token <-> image layout changes
     ("segformer-b0", {"identity_resize": 1, "split_concat_conv": 1, "conv_before_resize": 3,
-                      "token_linear_conv": 4}, 0.55),
+                      "token_linear_conv": 4, "token_linear_as_conv": 16}, 0.55),
     # candy's two upsampling convolutions are 3.7 of 15.5 GFLOP; 2.25x fewer saves 2.0; its 9x9
     # 32->3 output layer as 4x4 phases adds 0.6 GFLOP of zero taps (but 3x fewer lane-padded ones)
     ("candy", {"upsample_conv_phases": 2, "conv_output_phases": 1}, 0.95),
@@ -463,3 +464,52 @@ def test_token_projection_and_fuse_conv_fold_into_one_conv(kw):
                                 {"c": 16, "cm": 2, "co": 16}])   # a bottleneck: folding adds multiply-adds
 def test_token_fold_refuses_wrong_layouts_shared_values_and_bottlenecks(kw):
     assert "token_linear_conv" not in rewrite(import_onnx(token_decoder_model(**kw))).counts
+
+
+def mix_ffn_model(c=4, cm=12, h=5, w=6, channel_scale=False):
+    """SegFormer's Mix-FFN on (1, HW, C) tokens: fc1 (C -> C'), to image, depthwise 3x3, back to
+    tokens, erf-GELU, fc2 (C' -> C). `channel_scale` multiplies by a per-channel (C',) constant
+    before fc2, which broadcasts differently in image layout: the way back must then stay put."""
+    rng = np.random.default_rng(4)
+    inits = {"w1": rng.standard_normal((c, cm)).astype(np.float32), "b1": rng.standard_normal(cm).astype(np.float32),
+             "dw": rng.standard_normal((cm, 1, 3, 3)).astype(np.float32), "db": rng.standard_normal(cm).astype(np.float32),
+             "w2": rng.standard_normal((cm, c)).astype(np.float32), "b2": rng.standard_normal(c).astype(np.float32),
+             "s4": np.array([1, cm, h, w], np.int64), "s3": np.array([1, cm, h * w], np.int64),
+             "sqrt2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+             "half": np.array(0.5, np.float32), "scale": rng.standard_normal(cm).astype(np.float32)}
+    mk = helper.make_node
+    nodes = [mk("MatMul", ["x", "w1"], ["f1"]), mk("Add", ["f1", "b1"], ["a1"]),
+             mk("Transpose", ["a1"], ["t1"], perm=[0, 2, 1]), mk("Reshape", ["t1", "s4"], ["img"]),
+             mk("Conv", ["img", "dw", "db"], ["dwo"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=cm),
+             mk("Reshape", ["dwo", "s3"], ["r3"]), mk("Transpose", ["r3"], ["tok"], perm=[0, 2, 1]),
+             mk("Div", ["tok", "sqrt2"], ["d"]), mk("Erf", ["d"], ["e"]), mk("Add", ["e", "one"], ["e1"]),
+             mk("Mul", ["tok", "e1"], ["m"]), mk("Mul", ["m", "half"], ["gelu"])]
+    last = "gelu"
+    if channel_scale:
+        nodes.append(mk("Mul", ["gelu", "scale"], ["scaled"]))
+        last = "scaled"
+    nodes += [mk("MatMul", [last, "w2"], ["f2"]), mk("Add", ["b2", "f2"], ["y"])]
+    g = helper.make_graph(nodes, "mix_ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, h * w, c])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, nm) for nm, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_mix_ffn_linears_move_to_the_narrow_side_of_the_layout_changes():
+    g = import_onnx(mix_ffn_model())
+    r = rewrite(g)
+    assert r.counts == {"token_linear_as_conv": 2}
+    ops = [n.op for n in r.graph.nodes]
+    assert "MatMul" not in ops and ops.count("Conv") == 3
+    # every Transpose now moves the 4 narrow channels, not the 12 wide ones
+    assert all(4 in r.graph.tensors[n.inputs[0]].shape for n in r.graph.nodes if n.op == "Transpose")
+    _same_outputs(g, r.graph, _feeds(g))
+
+
+def test_token_linear_as_conv_keeps_per_channel_constants_and_narrowing_fc1_in_token_layout():
+    r = rewrite(import_onnx(mix_ffn_model(channel_scale=True)))
+    assert r.counts == {"token_linear_as_conv": 1}          # fc1 moves; fc2 stays behind the (C',) scale
+    assert [n.op for n in r.graph.nodes].count("MatMul") == 1
+    assert rewrite(import_onnx(mix_ffn_model(c=12, cm=4))).applied == []   # fc1 narrows: nothing to gain
