@@ -187,7 +187,9 @@ def korch_section(kdir: Path) -> list[str]:
                 "pad 3 output channels to a 16-lane block (3x fewer padded multiply-adds; the layer alone 3.6x "
                 "faster in ONNX Runtime), and fold SegFormer's per-stage token projection and the 1x1 fuse "
                 "convolution after it into one 1x1 convolution of the stage's feature map (two channel maps in a "
-                "row are one: 11.4 -> 8.6 GFLOP, and no token/image layout passes in the decoder); ONNX Runtime "
+                "row are one: 11.4 -> 8.6 GFLOP, and no token/image layout passes in the decoder) and run each "
+                "Mix-FFN's fc1/fc2 as 1x1 convolutions on the narrow side of its token <-> image layout changes "
+                "(the Transposes and ORT's NCHWc reorders move 32-256 instead of 128-1024 channels); ONNX Runtime "
                 "and torch.compile compute the model as written."]
     nr = [r["ablations"]["no-regions"]["slowdown"] for r in rows if "no-regions" in (r.get("ablations") or {})]
     if nr:
