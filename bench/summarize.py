@@ -237,7 +237,11 @@ def standalone_section(kdir: Path) -> list[str]:
                               "efficientvit-b1,yolox-nano,yolov4,resnet-50,bert-base", ""),
                              ("korch_standalone_yolo.json", "python bench/korch_standalone.py --models yolox-nano,"
                               "yolov4 --out bench/results/korch_standalone_yolo.json",
-                              " (a later run: the two plans after the Mish and Focus rewrites)")):
+                              " (a later run: the two plans after the Mish and Focus rewrites)"),
+                             ("korch_standalone_2026-11-23.json", "python bench/korch_standalone.py --models "
+                              "candy,segformer-b0 --out bench/results/korch_standalone_2026-11-23.json",
+                              " (a later run: candy after the output-phase rule, SegFormer-b0 after the "
+                              "token-linear rules)")):
         d = load(fname)
         if not d:
             continue
