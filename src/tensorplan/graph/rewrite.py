@@ -366,34 +366,16 @@ def _token_linear_conv(g: Graph, ed: _Editor, applied: list) -> bool:
     private = lambda t: len(cons.get(t, [])) == 1 and t not in g.outputs  # noqa: E731
     for n, _, _ in _convs1x1(g):
         u, back = _layout_chain(g, n.inputs[0], prod, cons, private=True)
-        if not private(u) or u not in prod:
+        found = _token_linear(g, u, prod, private) if private(u) else None
+        if found is None:
             continue
-        add, mm = None, prod[u]
-        if mm.op == "Add":
-            add = mm
-            parts = [i for i in add.inputs if _const(g, i) is None]
-            if len(parts) != 1 or parts[0] not in prod or not private(parts[0]):
-                continue
-            mm = prod[parts[0]]
-        wp = _const(g, mm.inputs[1]) if mm.op == "MatMul" else None
-        if wp is None or wp.ndim != 2 or _const(g, mm.inputs[0]) is not None:
-            continue
+        mm, _, wp, bp = found
         x = _nchw_source(g, mm.inputs[0], prod, cons)
         if x is None:
             continue
         nb, c, h, w = g.tensors[x].shape
         cm = wp.shape[1]
-        bp = np.zeros(cm, np.float32)
-        if add is not None:
-            bias = _const(g, next(i for i in add.inputs if _const(g, i) is not None))
-            if bias.size != cm or bias.ndim == 0 or bias.shape[-1] != cm or any(d != 1 for d in bias.shape[:-1]):
-                continue
-            bp = bias.reshape(cm)
-        if wp.shape[0] != c:
-            continue
-        probe2 = np.arange(nb * h * w * cm, dtype=np.int64).reshape(nb, h * w, cm)
-        got2 = _run_chain(g, back, probe2)
-        if got2.shape != (nb, cm, h, w) or not np.array_equal(got2, probe2.transpose(0, 2, 1).reshape(nb, cm, h, w)):
+        if wp.shape[0] != c or not _is_to_image(g, back, nb, h, w, cm):
             continue
         wf = _const(g, n.inputs[1])[:, :, 0, 0].astype(np.float64)
         co = wf.shape[0]
@@ -408,7 +390,6 @@ def _token_linear_conv(g: Graph, ed: _Editor, applied: list) -> bool:
         return _replace(g, n, [Node(ed.name(f"{n.name}.folded"), "Conv", ins, list(n.outputs), attrs, n.domain)],
                         "token_linear_conv", applied)
     return False
-
 
 _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Sigmoid", "Relu", "Exp", "Neg", "Abs", "Sqrt",
                 "Pow", "HardSigmoid", "HardSwish", "LeakyRelu", "Clip", "Softplus", "Gelu", "Identity"}
@@ -486,9 +467,9 @@ def _token_linear_as_conv_out(g: Graph, ed: _Editor, applied: list, prod: dict, 
     """The way back: MatMul(f(to_tokens(y)), W) + b -> to_tokens(Conv1x1(f(y)))."""
     for out in [n.outputs[0] for n in g.nodes if n.op in ("MatMul", "Add")]:
         found = _token_linear(g, out, prod, private)
-        if found is None or (prod[out].op == "MatMul" and any(c.op == "Add" for c in cons.get(out, []))
-                             and _token_linear(g, cons[out][0].outputs[0], prod, private) is not None):
-            continue
+        bias_next = found is not None and found[1] is None and private(out) and cons[out][0].op == "Add"
+        if found is None or (bias_next and _token_linear(g, cons[out][0].outputs[0], prod, private) is not None):
+            continue  # (a MatMul whose bias Add follows is rewritten from that Add)
         mm, add, wp, bp = found
         cm, c = wp.shape
         last = add if add is not None else mm
