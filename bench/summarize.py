@@ -260,9 +260,10 @@ def standalone_section(kdir: Path) -> list[str]:
                               "yolov4 --out bench/results/korch_standalone_yolo.json",
                               " (a later run: the two plans after the Mish and Focus rewrites)"),
                              ("korch_standalone_2026-11-23.json", "python bench/korch_standalone.py --models "
-                              "candy,segformer-b0 --out bench/results/korch_standalone_2026-11-23.json",
-                              " (a later run: candy after the output-phase rule, SegFormer-b0 after the "
-                              "token-linear rules)")):
+                              "candy,segformer-b0,efficientvit-b1,yolox-nano,resnet-50,bert-base "
+                              "--out bench/results/korch_standalone_2026-11-23.json",
+                              " (the latest run: the six plans korch_bench kept on 2026-11-23 on this VM, "
+                              "candy after the output-phase rule, SegFormer-b0 after the token-linear rules)")):
         d = load(fname)
         if not d:
             continue
