@@ -156,13 +156,11 @@ class Graph:
             if any((not isinstance(d, (int, np.integer))) or d < 0 for d in t.shape):
                 raise TensorplanError(f"tensor '{t.name}' has a non-static shape {t.shape}")
 
-    def prune(self) -> None:
-        """Drop nodes and tensors that no graph output depends on."""
+    def live_tensors(self) -> set[str]:
+        """Every tensor some graph output depends on (the outputs included)."""
         prod = self.producers()
         live: set[str] = set()
         stack = list(self.outputs)
-        keep: set[int] = set()
-        node_idx = {id(n): k for k, n in enumerate(self.nodes)}
         while stack:
             t = stack.pop()
             if t in live:
@@ -170,9 +168,13 @@ class Graph:
             live.add(t)
             n = prod.get(t)
             if n is not None:
-                keep.add(node_idx[id(n)])
                 stack.extend(i for i in n.inputs if i)
-        self.nodes = [n for k, n in enumerate(self.nodes) if k in keep]
+        return live
+
+    def prune(self) -> None:
+        """Drop nodes and tensors that no graph output depends on."""
+        live = self.live_tensors()
+        self.nodes = [n for n in self.nodes if any(o in live for o in n.outputs if o)]
         used = live | set(self.inputs) | {o for n in self.nodes for o in n.outputs if o}
         self.tensors = {k: v for k, v in self.tensors.items() if k in used}
 

@@ -279,11 +279,12 @@ def _conv_before_resize(g: Graph, ed: _Editor, applied: list) -> bool:
     return False
 
 
-def _layout_chain(g: Graph, t: str, prod: dict, cons: dict, private: bool) -> tuple[str, list[Node]]:
-    """Walk back from `t` through Reshape/Transpose nodes with constant operands: (source tensor,
-    the chain in execution order). With `private`, stop at a tensor another node also reads."""
+def _layout_chain(g: Graph, t: str, prod: dict, cons: dict, private: bool,
+                  ops: tuple[str, ...] = ("Reshape", "Transpose")) -> tuple[str, list[Node]]:
+    """Walk back from `t` through `ops` nodes with constant operands: (source tensor, the chain
+    in execution order). With `private`, stop at a tensor another node also reads."""
     chain = []
-    while t in prod and prod[t].op in ("Reshape", "Transpose") \
+    while t in prod and prod[t].op in ops \
             and all(_const(g, i) is not None for i in prod[t].inputs[1:] if i) \
             and (not private or (len(cons.get(t, [])) == 1 and t not in g.outputs)):
         chain.append(prod[t])
@@ -317,15 +318,8 @@ def _nchw_source(g: Graph, t: str, prod: dict, cons: dict) -> str | None:
 def _live_consumers(g: Graph) -> dict[str, list[Node]]:
     """Consumers among the nodes a graph output still depends on (rules replace nodes in place;
     the ones they orphan are pruned only at the end)."""
-    prod, seen, stack = g.producers(), set(), list(g.outputs)
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        if t in prod:
-            stack.extend(i for i in prod[t].inputs if i)
-    return {t: [n for n in ns if any(o in seen for o in n.outputs)] for t, ns in g.consumers().items()}
+    live = g.live_tensors()
+    return {t: [n for n in ns if any(o in live for o in n.outputs)] for t, ns in g.consumers().items()}
 
 
 def _token_linear(g: Graph, u: str, prod: dict, private) -> tuple[Node, Node | None, np.ndarray, np.ndarray] | None:
@@ -548,23 +542,18 @@ def _focus_phases(g: Graph, cat: Node, prod: dict) -> tuple[str, list[tuple[int,
     picking one 2x2 phase of its spatial grid, all four phases once; else None."""
     src, chains = None, []
     for p in cat.inputs:
-        chain, t = [], p
-        while t in prod and prod[t].op == "Slice" and all(_const(g, i) is not None for i in prod[t].inputs[1:] if i):
-            chain.append(prod[t])
-            t = prod[t].inputs[0]
+        t, chain = _layout_chain(g, p, prod, {}, private=False, ops=("Slice",))
         if not chain or (src is not None and t != src):
             return None
         src = t
-        chains.append(chain[::-1])
+        chains.append(chain)
     x = g.tensors[src]
     if len(cat.inputs) != 4 or len(x.shape) != 4 or x.shape[2] % 2 or x.shape[3] % 2:
         return None
     probe = np.arange(int(np.prod(x.shape)), dtype=np.int64).reshape(x.shape)
     phases = []
     for chain in chains:
-        v = probe
-        for sl in chain:
-            v = run_node(sl, [v] + [_const(g, i) if i else None for i in sl.inputs[1:]])[0]
+        v = _run_chain(g, chain, probe)
         hit = [(dh, dw) for dh in (0, 1) for dw in (0, 1)
                if v.shape == probe[:, :, dh::2, dw::2].shape and np.array_equal(v, probe[:, :, dh::2, dw::2])]
         if not hit:
