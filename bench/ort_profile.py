@@ -6,6 +6,17 @@ scalar loop; it pads a 3-channel convolution output to 16 channels; SegFormer mo
 tensors between token and image layout). It is also what says why a model stays far from the
 roofline bound: the share of convolution time that no regrouping of the graph removes.
 
+Per model it also reports
+- every convolution class (depthwise, 1x1, KxK) with its time and the GFLOP/s it reaches under the
+  profiler, against the GEMM peak the roofline bound assumes for every multiply-add;
+- the what-if probe (on unless `--no-what-if`): the rewritten graph timed, interleaved and
+  without the profiler, as it is and with every SiLU or HardSwish on a convolution's output
+  replaced by Relu. ORT cannot fuse SiLU into the convolution (it runs a separate QuickGelu
+  pass); it does fuse HardSwish, but its epilogue is slower than Relu's. The second graph
+  computes something else: it is only a timing probe for "what if the activation were free", the
+  most any exact rewrite of that activation could gain. (ORT 1.31's CPU convolution fuses Relu,
+  LeakyRelu, Sigmoid, Tanh, Clip, HardSigmoid and HardSwish, checked in its optimised graph.)
+
 Usage: python bench/ort_profile.py --models efficientvit-b1,yolox-nano [--raw] [--top 15]
 Writes bench/results/ort_profile.json (per model: ms per operator type and the top nodes, from
 ORT's own profiler, 2 threads, after warm-up), with the machine description.
@@ -20,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,21 +69,103 @@ def profile(name: str, rewritten: bool, runs: int, threads: int, top: int) -> di
         events = json.loads(Path(sess.end_profiling()).read_text())
     by_op: collections.Counter = collections.Counter()
     by_node: collections.Counter = collections.Counter()
-    shapes = {}
+    shapes, out_shapes = {}, {}
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             op, node = e["args"]["op_name"], e["name"][: -len("_kernel_time")]
             by_op[op] += e["dur"]
             by_node[(node, op)] += e["dur"]
             shapes[node] = e["args"].get("input_type_shape")
+            out_shapes[node] = e["args"].get("output_type_shape")
     n_calls = runs + 3  # the profiler also saw the warm-up calls
     total = sum(by_op.values()) / n_calls / 1e3
     return {"model": name, "rewritten": rewritten, "rewrites": applied, "wall_ms_profiled": wall,
             "kernel_ms": total,
             "by_op_ms": {op: d / n_calls / 1e3 for op, d in by_op.most_common()},
             "share": {op: d / n_calls / 1e3 / total for op, d in by_op.most_common()},
+            "conv_classes": conv_classes(by_node, shapes, out_shapes, n_calls),
             "top_nodes": [{"node": nd, "op": op, "ms": d / n_calls / 1e3, "inputs": shapes[nd]}
                           for (nd, op), d in by_node.most_common(top)]}
+
+
+def _dims(shape_list: list | None, i: int) -> list[int] | None:
+    """Dimensions of the i-th tensor in an ORT profiler shape list ([{"float": [...]}, ...])."""
+    if not shape_list or len(shape_list) <= i:
+        return None
+    return list(next(iter(shape_list[i].values())))
+
+
+def conv_classes(by_node, shapes: dict, out_shapes: dict, n_calls: int) -> dict:
+    """Convolution time and GFLOP/s by kind: depthwise (one input channel per group), 1x1, KxK.
+    GFLOP/s are under the profiler (its per-node overhead included), so a lower bound."""
+    out: dict[str, dict] = {}
+    for (node, op), dur in by_node.items():
+        if op not in ("Conv", "FusedConv"):
+            continue
+        x, w, y = _dims(shapes.get(node), 0), _dims(shapes.get(node), 1), _dims(out_shapes.get(node), 0)
+        if not (x and w and y) or len(w) != 4:
+            continue
+        kind = "depthwise" if w[1] == 1 and x[1] > 1 else ("1x1" if w[2] == w[3] == 1 else "KxK")
+        flops = 2.0 * float(np.prod(y)) * float(np.prod(w[1:]))
+        c = out.setdefault(kind, {"nodes": 0, "ms": 0.0, "gflop": 0.0})
+        c["nodes"] += 1
+        c["ms"] += dur / n_calls / 1e3
+        c["gflop"] += flops / 1e9
+    for c in out.values():
+        c["gflops_per_s"] = c["gflop"] / (c["ms"] / 1e3) if c["ms"] else 0.0
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
+
+
+def relu_for_activations(g):
+    """Timing probe, not an equivalent graph: every SiLU (x * Sigmoid(x)) or HardSwish on a
+    convolution's output becomes Relu, which ONNX Runtime fuses into the convolution at no cost.
+    Returns (graph, {"silu": n, "hardswish": n})."""
+    from tensorplan.graph.ir import Node
+    g = g.copy()
+    prod = g.producers()
+    n_swapped = {"silu": 0, "hardswish": 0}
+    for i, n in enumerate(g.nodes):
+        if n.op == "HardSwish" and getattr(prod.get(n.inputs[0]), "op", None) == "Conv":
+            g.nodes[i] = Node(n.name, "Relu", [n.inputs[0]], list(n.outputs))
+            n_swapped["hardswish"] += 1
+            continue
+        if n.op != "Mul" or len(n.inputs) != 2:
+            continue
+        for x, s in (n.inputs, n.inputs[::-1]):
+            p = prod.get(s)
+            src = prod.get(x)
+            if p is not None and p.op == "Sigmoid" and p.inputs[0] == x and src is not None and src.op == "Conv":
+                g.nodes[i] = Node(n.name, "Relu", [x], list(n.outputs))
+                n_swapped["silu"] += 1
+                break
+    g.prune()
+    return g, n_swapped
+
+
+def what_if(name: str, threads: int, rounds: int) -> dict:
+    """Interleaved medians (ms, no profiler) of the rewritten graph and of its activation->Relu probe."""
+    import statistics
+
+    from tensorplan.graph import zoo
+    from tensorplan.graph.load import load_model
+    from tensorplan.graph.rewrite import rewrite
+    from tensorplan.graph.to_onnx import graph_to_onnx, ort_session
+    from tensorplan.measure.timer import interleaved
+
+    g = rewrite(load_model(name)).graph
+    probe, swapped = relu_for_activations(g)
+    if not sum(swapped.values()):
+        return {"swapped": swapped}
+    feeds = zoo.numpy_inputs(name)
+    runners = {}
+    for key, gg in (("as_is", g), ("activations_as_relu", probe)):
+        m = graph_to_onnx(gg)
+        m.ir_version = 8
+        sess = ort_session(m, threads=threads)
+        runners[key] = (lambda s=sess: s.run(None, feeds))
+    t = interleaved(runners, rounds=rounds, burst_s=0.2)
+    med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
+    return {"swapped": swapped, "median_ms": med, "ratio": med["activations_as_relu"] / med["as_is"], "rounds": rounds}
 
 
 def main() -> None:
@@ -80,6 +175,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=15, help="nodes to list per model")
+    ap.add_argument("--no-what-if", dest="what_if", action="store_false",
+                    help="skip the interleaved SiLU->Relu timing probe")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the what-if probe")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ort_profile.json"))
     a = ap.parse_args()
     from tensorplan.devices.detect import machine_info
@@ -87,9 +185,17 @@ def main() -> None:
     rows = []
     for name in a.models.split(","):
         r = profile(name, not a.raw, a.runs, a.threads, a.top)
+        if a.what_if and not a.raw:
+            r["what_if"] = what_if(name, a.threads, a.rounds)
         rows.append(r)
         ops = ", ".join(f"{op} {ms:.2f}" for op, ms in list(r["by_op_ms"].items())[:6])
         print(f"{name}: {r['kernel_ms']:.2f} ms in kernels ({ops})", flush=True)
+        for kind, c in r["conv_classes"].items():
+            print(f"  {kind:9s} convolutions: {c['nodes']:3d} nodes {c['ms']:6.2f} ms {c['gflops_per_s']:6.1f} GFLOP/s")
+        wi = r.get("what_if") or {}
+        if wi.get("median_ms"):
+            print(f"  activations as Relu (timing probe, {wi['swapped']}): {wi['median_ms']['as_is']:.2f} -> "
+                  f"{wi['median_ms']['activations_as_relu']:.2f} ms ({wi['ratio']:.2f}x)", flush=True)
     out = {"machine": machine_info(threads=a.threads), "command": " ".join(sys.argv), "models": rows}
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}")
