@@ -233,7 +233,7 @@ def test_fold_constants_settles_deep_shape_chains():
     (MobileViT-S at opset 11 failed with a fixed number of rounds)."""
     from onnx import TensorProto, helper
 
-    from tensorplan.graph.zoo._onnx import finalize
+    from tensorplan.graph.torch_onnx import finalize
 
     nodes, inits, x = [], [], "x"
     w = np.eye(6, dtype=np.float32)

@@ -15,6 +15,7 @@ from .graph import Graph, Node, Tensor  # noqa: E402,F401
 # public name -> (module, attribute)
 _LAZY = {
     "load_model": ("tensorplan.graph.load", "load_model"),
+    "from_torch": ("tensorplan.graph.from_torch", "from_torch"),
     "import_onnx": ("tensorplan.graph.onnx_import", "import_onnx"),
     "run_reference": ("tensorplan.graph.reference", "run_reference"),
     "zoo": ("tensorplan.graph.zoo", None),

@@ -1,4 +1,5 @@
-"""`load_model(spec)`: one entry point for "an ONNX path or a zoo name"."""
+"""`load_model(spec)`: one entry point for "an ONNX path, a zoo name or a PyTorch factory"
+(`pkg.mod:factory` / `file.py:factory`, see `from_torch`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,13 @@ def _is_path(spec: str) -> bool:
 
 
 def resolve_model_path(spec: str | Path, opset: int = 17) -> Path:
-    """The ONNX file behind `spec`: the path itself, or the zoo's cached export."""
+    """The ONNX file behind `spec`: the path itself, the export of a PyTorch factory, or the zoo's
+    cached export."""
+    from .from_torch import export_spec, is_torch_spec
+
     spec_s = str(spec)
+    if is_torch_spec(spec_s):
+        return export_spec(spec_s, opset)
     if _is_path(spec_s):
         p = Path(spec_s)
         if not p.exists():
@@ -26,17 +32,29 @@ def resolve_model_path(spec: str | Path, opset: int = 17) -> Path:
     try:
         zoo.get_entry(spec_s)
     except TensorplanError as e:
-        raise ModelImportError(f"'{spec_s}' is neither an ONNX file nor a zoo model: {e}") from None
+        raise ModelImportError(f"'{spec_s}' is neither an ONNX file, a zoo model nor a PyTorch factory "
+                               f"(pkg.module:factory): {e}") from None
     return zoo.export(spec_s, opset)
+
+
+def resolve_model(spec: str | Path, opset: int = 17) -> tuple[Path, str]:
+    """(ONNX file, model name) behind `spec`: a file is named by its stem, a PyTorch factory
+    `pkg.mod:factory` by `factory`, a zoo model by itself."""
+    from .from_torch import is_torch_spec
+
+    path = Path(resolve_model_path(spec, opset))
+    spec_s = str(spec)
+    if is_torch_spec(spec_s):
+        return path, spec_s.rsplit(":", 1)[1]
+    return path, (path.stem if _is_path(spec_s) else spec_s)
 
 
 def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
                opset: int = 17, *, allow_unsupported: bool = False) -> Graph:
-    """Import an ONNX path or zoo model name as a static `Graph`.
+    """Import an ONNX path, zoo model name or PyTorch factory as a static `Graph`.
 
-    `opset` picks the zoo export (ONNX files keep their own opset)."""
+    `opset` picks the zoo's and a factory's export (ONNX files keep their own opset)."""
     from .onnx_import import import_onnx
 
-    path = resolve_model_path(spec, opset)
-    name = Path(path).stem if _is_path(str(spec)) else str(spec)
+    path, name = resolve_model(spec, opset)
     return import_onnx(path, input_shapes, allow_unsupported=allow_unsupported, name=name)

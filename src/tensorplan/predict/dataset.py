@@ -294,14 +294,13 @@ def _load_store_tasks(store, networks: Sequence[str]):
 def get_tasks(store, networks: Sequence[str], log: Callable[[str], None] = print):
     """Extract (or reload from the store) the tasks of `networks`."""
     from .tasks import network_tasks
-    from ..graph import zoo
+    from ..graph.load import resolve_model
     cached = _load_store_tasks(store, networks)
     if cached is not None:
         return cached
     merged: dict = {}
     for n in networks:
-        p = Path(n)
-        path, name = (p, p.stem) if p.suffix == ".onnx" else (zoo.export(n), n)
+        path, name = resolve_model(n)
         t0 = time.time()
         ts = network_tasks(path, name)
         _store_tasks(store, ts)

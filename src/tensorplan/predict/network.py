@@ -98,7 +98,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     domains, use the model `tensorplan calibrate` fitted here when there is one (and no `weights`)."""
     import tvm
 
-    from ..graph import zoo
+    from ..graph.load import resolve_model
     from .dataset import init_pool, time_module
     from .features import compact_ast
     from .tasks import network_tasks, task_io_of
@@ -112,13 +112,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         here = local_model_path(int(dom[6:-1]))
         weights = here if here.exists() else None    # `tensorplan calibrate` made one for this CPU
     est = load_shipped() if weights is None else load_estimator(weights)
-    p = Path(model)
-    if p.suffix == ".onnx":
-        if not p.exists():
-            raise TensorplanError(f"model file '{p}' does not exist")
-        path, name = p, p.stem
-    else:
-        path, name = zoo.export(model), model
+    path, name = resolve_model(model)
     t0 = time.perf_counter()
     tasks = network_tasks(path, name)
     if not tasks:

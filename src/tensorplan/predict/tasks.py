@@ -113,14 +113,10 @@ def network_tasks(onnx_path: str | Path, network: str) -> list[Task]:
 def extract_tasks(networks: Iterable[str] = DEFAULT_NETWORKS, *, opset: int = 17,
                   progress: Any = None) -> list[Task]:
     """Tasks of several zoo networks (or ONNX paths), merged across networks by structure."""
-    from ..graph import zoo
+    from ..graph.load import resolve_model
     merged: dict[str, Task] = {}
     for net in networks:
-        p = Path(net)
-        if p.suffix == ".onnx" and p.exists():
-            path, name = p, p.stem
-        else:
-            path, name = zoo.export(net, opset=opset), net
+        path, name = resolve_model(net, opset)
         for t in network_tasks(path, name):
             m = merged.get(t.key)
             if m is None:

@@ -79,11 +79,9 @@ def ort_per_op_profile(onnx_path: str, feeds: dict[str, np.ndarray], threads: in
 def model_onnx_path(model: str, opset: int) -> str:
     """The original ONNX file behind a model spec (ORT is the reference, so it runs the
     original, not our re-export)."""
-    if os.path.exists(model):
-        return model
-    from ..graph import zoo
+    from ..graph.load import resolve_model_path
 
-    return str(zoo.export(model, opset=opset))
+    return str(resolve_model_path(model, opset))
 
 
 def interleaved_medians(fns: dict[str, callable], rounds: int = 15, per_round_s: float = 0.2) -> dict:
@@ -104,7 +102,7 @@ def interleaved_medians(fns: dict[str, callable], rounds: int = 15, per_round_s:
 
 def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrate: bool = True,
              progress: bool = False, log=None) -> DemoReport:
-    """Import `model` (zoo name or ONNX path), run it in ONNX Runtime and in the reference
+    """Import `model` (zoo name, ONNX path or PyTorch factory `pkg.mod:factory`), run it in ONNX Runtime and in the reference
     executor, compare, and profile per operator; then (orchestrate=True) plan its kernels with
     measured costs, run the plan, check it against ONNX Runtime and time both interleaved."""
     from ..devices import resolve

@@ -14,15 +14,13 @@ change re-exports instead of serving a stale file.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ...errors import TensorplanError
-from ...paths import cache_dir
+from ...paths import atomic_write, cache_dir
 from ._registry import ZOO_VERSION, ZooEntry
 
 # Importing the model modules fills the registry.
@@ -112,7 +110,7 @@ def _check_opset(opset: int) -> None:
 
 def onnx_model(name: str, opset: int = 17, seed: int = 0):
     """A freshly exported, folded and checked `onnx.ModelProto` (no cache)."""
-    from ._onnx import finalize, torch_to_onnx
+    from ..torch_onnx import finalize, torch_to_onnx
 
     _check_opset(opset)
     entry = get_entry(name)
@@ -133,20 +131,6 @@ def _cache_key(entry: ZooEntry, opset: int) -> dict:
             "opset": opset, "torch": torch.__version__, "seed": 0}
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def export(name: str, opset: int = 17, force: bool = False) -> Path:
     """Path of the cached ONNX export of `name` at `opset`, exporting it first if needed."""
     _check_opset(opset)
@@ -162,8 +146,8 @@ def export(name: str, opset: int = 17, force: bool = False) -> Path:
             pass  # unreadable sidecar: re-export
     model = onnx_model(name, opset)
     data = model.SerializeToString()
-    _atomic_write(path, data)
-    _atomic_write(meta_path, json.dumps({"key": key, "bytes": len(data),
+    atomic_write(path, data)
+    atomic_write(meta_path, json.dumps({"key": key, "bytes": len(data),
                                          "nodes": len(model.graph.node)}, indent=1).encode())
     return path
 

@@ -17,7 +17,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from ...errors import ModelImportError
+from ..errors import ModelImportError
 
 # Never fold these: nondeterministic, or ops whose folded result is huge by design.
 _NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -208,14 +208,16 @@ def _assemble(model: onnx.ModelProto, nodes, inits: dict[str, onnx.TensorProto])
     return model
 
 
-def finalize(model: onnx.ModelProto, name: str, opset: int) -> onnx.ModelProto:
-    """Fold, infer static shapes for every value, name nodes uniquely and run the checker."""
+def finalize(model: onnx.ModelProto, name: str, opset: int, what: str = "zoo model",
+             doc: str = "random weights") -> onnx.ModelProto:
+    """Fold, infer static shapes for every value, name nodes uniquely and run the checker.
+    `what` names the source in errors ("zoo model", "PyTorch module"), `doc` goes in doc_string."""
     model = fold_constants(model)
     inits = {t.name: t for t in model.graph.initializer}
     try:
         shaped = _infer(_light(model, model.graph.node, inits), strict=True)
     except Exception as e:  # noqa: BLE001
-        raise ModelImportError(f"zoo model '{name}' (opset {opset}): shape inference failed: {e}") from e
+        raise ModelImportError(f"{what} '{name}' (opset {opset}): shape inference failed: {e}") from e
     model.graph.ClearField("value_info")
     model.graph.value_info.extend(shaped.graph.value_info)
     del model.graph.output[:]
@@ -229,14 +231,14 @@ def finalize(model: onnx.ModelProto, name: str, opset: int) -> onnx.ModelProto:
     known = {vi.name for vi in model.graph.value_info} | {o.name for o in model.graph.output}
     dynamic += sorted(produced - known)
     if dynamic:
-        raise ModelImportError(f"zoo model '{name}' (opset {opset}): values without a static shape "
+        raise ModelImportError(f"{what} '{name}' (opset {opset}): values without a static shape "
                                f"after folding: {dynamic[:8]}")
     seen: set[str] = set()
     for i, n in enumerate(model.graph.node):
         if not n.name or n.name in seen:
             n.name = f"{n.op_type}_{i}"
         seen.add(n.name)
-    model.doc_string = f"tensorplan zoo model '{name}', random weights, opset {opset}"
+    model.doc_string = f"tensorplan {what} '{name}', {doc}, opset {opset}"
     onnx.checker.check_model(shaped, full_check=True)  # shape-checks the graph without its weights
     onnx.checker.check_model(model)
     return model
