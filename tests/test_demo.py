@@ -28,12 +28,27 @@ def test_demo_plan_runs_and_agrees(tmp_path, monkeypatch):
     assert sum(k["primitives"] for k in p["kernel_list"]) >= p["primitives"]
     assert len(p["rounds_ms"]["tensorplan"]) == len(p["rounds_ms"]["onnxruntime"]) >= 5
     assert np.median(p["rounds_ms"]["tensorplan"]) == pytest.approx(p["plan_median_ms"])
+    # torch.compile of the zoo module raced in the same rounds, on the same inputs
+    tc = p["torch_compile"]
+    assert tc["median_ms"] > 0 and tc["compile_s"] > 0
+    assert len(p["rounds_ms"]["torch.compile"]) == len(p["rounds_ms"]["tensorplan"])
+    assert tc["speedup"] == pytest.approx(tc["median_ms"] / p["plan_median_ms"])
     from tensorplan.workflows.report import write_demo_report
     html = write_demo_report(rep, tmp_path / "r" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3          # rounds, per-op, kernels
     for k in p["kernel_list"]:
         assert f"<td>{k['id']}</td>" in html
     assert f"{p['speedup_vs_ort']:.2f}×" in html and "DISAGREE" not in html
+    assert f"{tc['speedup']:.2f}×</b> vs torch.compile" in html
+
+
+def test_demo_without_a_torch_module_says_why(tmp_path, monkeypatch):
+    from tensorplan.graph import zoo
+    monkeypatch.setenv("TENSORPLAN_STORE", str(tmp_path / "store.sqlite"))
+    onnx_file = str(zoo.export("tiny-mlp"))
+    p = run_demo(onnx_file, threads=1).plan
+    assert p["agree"] and "torch.compile" not in p["rounds_ms"]
+    assert "ONNX file" in p["torch_compile"]["skipped"]
 
 
 def test_demo_cli_json_without_orchestration(tmp_path):

@@ -10,7 +10,8 @@ from rich.table import Table
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def demo(model: str = typer.Argument("candy", help="Zoo name or ONNX path."),
+    def demo(model: str = typer.Argument("candy", help="Zoo name, ONNX path or PyTorch factory "
+                                         "(pkg.module:factory or file.py:factory returning (module, inputs))."),
              threads: int = typer.Option(2, help="Intra-op threads for every runtime."),
              opset: int = typer.Option(17, help="Opset of the zoo export."),
              orchestrate: bool = typer.Option(True, help="Also plan fused kernels (Korch, measured "
@@ -18,14 +19,19 @@ def register(app: typer.Typer) -> None:
                                               "against ONNX Runtime."),
              report: str = typer.Option(None, "--report", help="Also write a self-contained HTML report "
                                         "(charts of the interleaved rounds, per-operator time, the plan's kernels)."),
+             vs_torch_compile: bool = typer.Option(True, "--vs-torch-compile/--no-vs-torch-compile",
+                                                   help="Also race torch.compile of the model's PyTorch module "
+                                                   "(zoo models and factories; compiling takes seconds to a minute)."),
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
         """Import MODEL, check the reference executor against ONNX Runtime, show the device and
-        per-operator timings, then orchestrate fused kernels and race the plan against ONNX Runtime."""
+        per-operator timings, then orchestrate fused kernels and race the plan against ONNX Runtime
+        and torch.compile."""
         from ..workflows.demo import run_demo
 
         con = Console(stderr=as_json)
         rep = run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
-                       progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"))
+                       progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"),
+                       vs_torch_compile=vs_torch_compile)
         ok_all = rep.agree and (rep.plan is None or rep.plan["agree"])
         if report:
             from ..workflows.report import write_demo_report
@@ -58,5 +64,11 @@ def register(app: typer.Typer) -> None:
                       f"vs ONNX Runtime {p['ort_median_ms']:.2f} ms (CoV {p['ort_cov']:.1%}) → "
                       f"[bold]{p['speedup_vs_ort']:.2f}×[/]; predicted {p['predicted_ms']:.2f} ms; "
                       f"max rel. error vs ONNX Runtime {p['max_rel_error']:.2e} → {ok}")
+            tc = p["torch_compile"]
+            if "median_ms" in tc:
+                con.print(f"same rounds: torch.compile {tc['median_ms']:.2f} ms (CoV {tc['cov']:.1%}, compiled in "
+                          f"{tc['compile_s']:.1f} s) → tensorplan [bold]{tc['speedup']:.2f}×[/]")
+            else:
+                con.print(f"[dim]torch.compile not raced: {tc['skipped']}[/]")
         if not ok_all:
             raise typer.Exit(1)

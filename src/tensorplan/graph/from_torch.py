@@ -23,7 +23,7 @@ from ..paths import atomic_write, cache_dir
 
 # `pkg.mod:attr` or `some/file.py:attr`
 _SPEC = re.compile(r"^(?P<src>[A-Za-z_][\w.]*|[^:]+\.py):(?P<attr>[A-Za-z_]\w*)$")
-_EXPORTED: dict[tuple[str, int], Path] = {}
+_EXPORTED: dict[tuple[str, int], tuple[Path, Any, tuple]] = {}   # (spec, opset) -> (file, module, inputs)
 
 
 def is_torch_spec(spec: str) -> bool:
@@ -126,6 +126,24 @@ def _load_factory(spec: str):
 
 def export_spec(spec: str, opset: int = 17) -> Path:
     """The ONNX file for `pkg.mod:factory` / `file.py:factory` (exported once per process)."""
+    return _exported(spec, opset)[0]
+
+
+def torch_source(spec: str, opset: int = 17) -> tuple[Any, tuple] | None:
+    """(module, example inputs) behind a model spec when it has one: a PyTorch factory or a zoo
+    model (random weights, as exported); None for an ONNX file. What `demo` compiles with
+    `torch.compile` to race against."""
+    if is_torch_spec(spec):
+        _, module, inputs = _exported(spec, opset)
+        return module, inputs
+    from .load import _is_path
+    if _is_path(spec):
+        return None
+    from . import zoo
+    return zoo.build_torch(spec)
+
+
+def _exported(spec: str, opset: int) -> tuple[Path, Any, tuple]:
     key = (spec, opset)
     if key not in _EXPORTED:
         fn = _load_factory(spec)
@@ -136,8 +154,9 @@ def export_spec(spec: str, opset: int = 17) -> Path:
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             raise ModelImportError(f"{spec}: the factory returned {type(got).__name__}; it must return "
                                    "(module, example_inputs)")
-        _EXPORTED[key] = from_torch(got[0], got[1], name=_SPEC.match(spec)["attr"], opset=opset)
+        path = from_torch(got[0], got[1], name=_SPEC.match(spec)["attr"], opset=opset)
+        _EXPORTED[key] = (path, got[0], _as_tuple(got[1]))
     return _EXPORTED[key]
 
 
-__all__ = ["export_spec", "from_torch", "is_torch_spec"]
+__all__ = ["export_spec", "from_torch", "is_torch_spec", "torch_source"]

@@ -101,10 +101,12 @@ def interleaved_medians(fns: dict[str, callable], rounds: int = 15, per_round_s:
 
 
 def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrate: bool = True,
-             progress: bool = False, log=None) -> DemoReport:
+             progress: bool = False, log=None, vs_torch_compile: bool = True) -> DemoReport:
     """Import `model` (zoo name, ONNX path or PyTorch factory `pkg.mod:factory`), run it in ONNX Runtime and in the reference
     executor, compare, and profile per operator; then (orchestrate=True) plan its kernels with
-    measured costs, run the plan, check it against ONNX Runtime and time both interleaved."""
+    measured costs, run the plan, check it against ONNX Runtime and time both interleaved, with
+    `torch.compile` of the model's PyTorch module (zoo models and factories have one;
+    `vs_torch_compile=False` skips it) as a third contender on the same inputs."""
     from ..devices import resolve
     from ..graph import load_model
     from ..graph.analysis import graph_flops
@@ -139,7 +141,8 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
     plan_summary = None
     if orchestrate:
         plan_summary = _orchestrate_and_race(model, opset, threads, path_for_ort=model_onnx_path(model, opset),
-                                             feeds=feeds, progress=progress, log=log)
+                                             feeds=feeds, progress=progress, log=log,
+                                             torch_args=[feeds[n] for n in graph.inputs] if vs_torch_compile else None)
     return DemoReport(
         model=model, nodes=len(graph.nodes), params=graph.num_parameters(),
         gflops=graph_flops(graph) / 1e9, import_s=import_s, device=device.to_dict(),
@@ -147,7 +150,37 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
         max_rel_error=err, agree=err <= 1e-4, per_op=per_op, plan=plan_summary)
 
 
-def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: str, feeds, progress, log):
+def _torch_compiled(model: str, opset: int, args: list[np.ndarray], log) -> tuple:
+    """(runner, compile seconds, None) for `torch.compile` of the model's module on `args` (the
+    same values ONNX Runtime gets), or (None, None, why) when there is no module or it fails."""
+    from ..graph.from_torch import torch_source
+
+    src = torch_source(model, opset)
+    if src is None:
+        return None, None, "no PyTorch module behind an ONNX file"
+    import torch
+
+    module = src[0].eval()
+    targs = [torch.from_numpy(np.ascontiguousarray(a)) for a in args]
+    try:
+        cm = torch.compile(module)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            cm(*targs)
+        compile_s = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - a baseline that does not compile is reported, not fatal
+        return None, None, f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}"
+    if log:
+        log(f"torch.compile: compiled in {compile_s:.1f} s")
+
+    def run():
+        with torch.inference_mode():
+            return cm(*targs)
+    return run, compile_s, None
+
+
+def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: str, feeds, progress, log,
+                          torch_args: list[np.ndarray] | None = None):
     """Korch pipeline with measured kernel costs (cached in the store), then the plan against
     ONNX Runtime on the original model, interleaved."""
     import onnxruntime as ort
@@ -164,12 +197,17 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     sess = ort.InferenceSession(path_for_ort, so, providers=["CPUExecutionProvider"])
+    tc_run, tc_s, tc_why = (None, None, "skipped (vs_torch_compile=False)")
     with pinned_threads(threads):
+        if torch_args is not None:
+            tc_run, tc_s, tc_why = _torch_compiled(model, opset, torch_args, log)
         ex = PlanExecutor(plan, prim, threads=threads)
         outs = ex.run(feeds)
         ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-        timings = interleaved_medians({"onnxruntime": lambda: sess.run(None, feeds),
-                                       "tensorplan": ex.run_bound})
+        runners = {"onnxruntime": lambda: sess.run(None, feeds), "tensorplan": ex.run_bound}
+        if tc_run is not None:
+            runners["torch.compile"] = tc_run
+        timings = interleaved_medians(runners)
     err = max(rel_error(outs[o], ref[o]) for o in prim.outputs if o in ref)
     t_ort, t_plan = timings["onnxruntime"], timings["tensorplan"]
     op_of = {n.name: n.op for n in prim.nodes}
@@ -186,6 +224,10 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
             "plan_median_ms": t_plan.median_s * 1e3, "plan_cov": t_plan.cov,
             "ort_median_ms": t_ort.median_s * 1e3, "ort_cov": t_ort.cov,
             "speedup_vs_ort": t_ort.median_s / t_plan.median_s,
+            "torch_compile": ({"median_ms": timings["torch.compile"].median_s * 1e3,
+                               "cov": timings["torch.compile"].cov, "compile_s": tc_s,
+                               "speedup": timings["torch.compile"].median_s / t_plan.median_s}
+                              if tc_run is not None else {"skipped": tc_why}),
             "max_rel_error": err, "agree": err <= 1e-4,
             "rounds_ms": {n: [v * 1e3 for v in t.repeats] for n, t in timings.items()},
             "rewrites": dict(Counter(r for r, _ in plan.source.get("rewrites", []))),

@@ -116,10 +116,17 @@ def demo_report_html(rep: "DemoReport") -> str:
              f"<p>Reference executor vs ONNX Runtime: {ok} (tolerance 1e-4).</p>"]
     if p:
         pok = '<span class="ok">agree</span>' if p["agree"] else '<span class="bad">DISAGREE</span>'
+        tc = p.get("torch_compile") or {}
+        has_tc = "median_ms" in tc
         parts += ["<h2>Plan vs ONNX Runtime</h2>",
-                  _table(["", "tensorplan", "ONNX Runtime"], [
-                      ["median ms", f"{p['plan_median_ms']:.3f}", f"{p['ort_median_ms']:.3f}"],
-                      ["CoV of rounds", f"{p['plan_cov']:.1%}", f"{p['ort_cov']:.1%}"]]),
+                  _table(["", "tensorplan", "ONNX Runtime"] + (["torch.compile"] if has_tc else []), [
+                      ["median ms", f"{p['plan_median_ms']:.3f}", f"{p['ort_median_ms']:.3f}"]
+                      + ([f"{tc['median_ms']:.3f}"] if has_tc else []),
+                      ["CoV of rounds", f"{p['plan_cov']:.1%}", f"{p['ort_cov']:.1%}"]
+                      + ([f"{tc['cov']:.1%}"] if has_tc else [])]),
+                  (f"<p><b>{tc['speedup']:.2f}×</b> vs torch.compile (compiled in {tc['compile_s']:.1f} s, same "
+                   "inputs, same rounds).</p>" if has_tc else
+                   f"<p>torch.compile not raced: {html.escape(str(tc.get('skipped', 'n/a')))}.</p>"),
                   f"<p><b>{p['speedup_vs_ort']:.2f}×</b> vs ONNX Runtime; outputs {pok} "
                   f"(max rel. error {p['max_rel_error']:.2e}). {p['kernels']} kernels from {p['primitives']} "
                   f"primitives, backends {html.escape(str(p['backends']))}; solver {html.escape(str(p['solver']))}, "
