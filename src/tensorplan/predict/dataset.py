@@ -130,6 +130,9 @@ class _TaskState:
 
     def __init__(self, task, target):
         from tvm.s_tir import meta_schedule as ms
+
+        from ..tvm_intrin import load_tensor_intrinsics
+        load_tensor_intrinsics()
         self.task = task
         self.ctx = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
                                   search_strategy="replay-trace", num_threads=1)

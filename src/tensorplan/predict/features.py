@@ -853,6 +853,8 @@ def tvm_per_store_feature(sch, target=None) -> np.ndarray:
     tgt = target or tvm.target.Target({"kind": "llvm", "num-cores": 2})
     key = str(tgt)
     if _CTX.get(key) is None:
+        from ..tvm_intrin import load_tensor_intrinsics
+        load_tensor_intrinsics()
         _CTX[key] = (ms.TuneContext(target=tgt, num_threads=1), ms.feature_extractor.PerStoreFeature())
     ctx, fe = _CTX[key]
     cand = ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"]))

@@ -480,6 +480,9 @@ def tuned_schedule(lowered: Lowered, target, trials: int = 16, trace: Any = None
 
     import tvm
     from tvm.s_tir import meta_schedule as ms
+
+    from ..tvm_intrin import load_tensor_intrinsics
+    load_tensor_intrinsics()
     mod = tvm.IRModule({"main": lowered.func})
     with tempfile.TemporaryDirectory() as td:
         db = ms.tune_tir(mod, target, work_dir or td, max_trials_global=trials,
