@@ -6,6 +6,8 @@ max|ref-ort| / max(max|ort|, eps) <= 1e-4.
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import onnx
 import pytest
@@ -217,7 +219,7 @@ def test_op_matches_onnxruntime(case):
     graph = import_onnx(model)
     assert graph.opset == opset
     assert all(n.name for n in graph.nodes)
-    rng = np.random.default_rng(abs(hash(cid)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(cid.encode()))  # str hash() is salted per process: flaky inputs
     feeds = {f"in{k}": s.sample(rng) for k, s in enumerate(inputs) if isinstance(s, In)}
     ref = run_reference(graph, feeds)
     ort = run_onnxruntime(model, feeds)
