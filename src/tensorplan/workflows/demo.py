@@ -121,26 +121,25 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
 
     import onnxruntime as ort
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = model_onnx_path(model, opset)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        with pinned_threads(threads):
-            ort_out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-            ort_t = measure(lambda: sess.run(None, feeds), budget_s=2.0, max_repeats=50)
-            t1 = time.perf_counter()
-            ref_out = run_reference(graph, feeds)
-            ref_s = time.perf_counter() - t1
-        per_op = ort_per_op_profile(path, feeds, threads)
+    path = model_onnx_path(model, opset)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    with pinned_threads(threads):
+        ort_out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        ort_t = measure(lambda: sess.run(None, feeds), budget_s=2.0, max_repeats=50)
+        t1 = time.perf_counter()
+        ref_out = run_reference(graph, feeds)
+        ref_s = time.perf_counter() - t1
+    per_op = ort_per_op_profile(path, feeds, threads)
 
     from ..graph.reference import rel_error
 
     err = max(rel_error(ref_out[name], want) for name, want in ort_out.items())
     plan_summary = None
     if orchestrate:
-        plan_summary = _orchestrate_and_race(model, opset, threads, path_for_ort=model_onnx_path(model, opset),
+        plan_summary = _orchestrate_and_race(model, opset, threads, path_for_ort=path,
                                              feeds=feeds, progress=progress, log=log,
                                              torch_args=[feeds[n] for n in graph.inputs] if vs_torch_compile else None)
     return DemoReport(
