@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/tensorplan demo $(MODEL) --report reports/$(MODEL).html
+	$(BIN)/tensorplan demo $(MODEL) --report reports/$(MODEL).html --save-plan reports/$(MODEL).plan.json
 
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup

@@ -320,6 +320,34 @@ def standalone_section(kdir: Path) -> list[str]:
     return out + ([""] if out else [])
 
 
+def export_section() -> list[str]:
+    """`tensorplan export`: each benchmark model as one ONNX file for stock ONNX Runtime (export.json)."""
+    d = load("export.json")
+    if not d:
+        return []
+    out = ["### The plan as one ONNX file (`tensorplan export`)", "",
+           "`python bench/export_bench.py`: each model's plan, or where none is "
+           "cached its exact rewrites, written as one ONNX file, checked against ONNX Runtime on the original model "
+           "and timed against it in ONNX Runtime, both sessions in one process, interleaved (random order, per "
+           "round one untimed call then a ~30 ms burst), medians in ms, 2 threads, spinning as the plan chose. "
+           "`exact`: the file is the plan itself (one ONNX Runtime session over the whole rewritten model).", "",
+           "| model | exported from | exact | plan kernels left out | rewrites | GFLOP | ONNX Runtime, original "
+           "| exported | speed-up | max rel. err | load avg (1 min) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    for r in d["models"]:
+        tm = r["timing"]
+        ratios.append(tm["speedup"])
+        rw = sum(r["rewrites"].values())
+        left = ", ".join(f"{c} {b}" for b, c in sorted(r["outside_ort"].items())) or "none"
+        out.append(f"| {r['model']} | {r['target']} | {('yes' if r['exact'] else 'no') if r['target'] == 'plan' else 'n/a (no plan cached)'} | {left if r['target'] == 'plan' else 'n/a'} | {rw} | {r['gflop'][0]:.2f} → {r['gflop'][1]:.2f} | {tm['original_ms']:.1f} | "
+                   f"{tm['exported_ms']:.1f} | {tm['speedup']:.2f}× | {r['max_rel_err']:.1e} | {r['loadavg'][0]:.1f} |")
+    out += ["", f"Geomean speed-up of the exported file over the original, both in ONNX Runtime: "
+            f"**{_geo(ratios):.2f}×** over {len(ratios)} models. Where the file is not the plan (a plan that runs "
+            "Inductor or TVM kernels), `tensorplan run` runs the plan itself; the table of the previous section "
+            "has those timings.", ""]
+    return out
+
+
 def planning_section() -> list[str]:
     """Fission, candidate counts and BLP solve times on every zoo model (korch_candidates.json)."""
     d = load("korch_candidates.json")
@@ -469,7 +497,7 @@ def main() -> None:
              "shared and noisy — compare within a row, not across runs. CDMPP: [cdmpp.md](cdmpp.md); "
              "CoDL: [codl.md](codl.md).", ""]
     for sec in (devices_section(), store_section(), import_section(), kernels_section(), planning_section(),
-                korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), winograd_section(),
+                korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), export_section(), winograd_section(),
                 korch_gpu_section()):
         lines += sec
     Path(a.out).write_text("\n".join(lines) + "\n")

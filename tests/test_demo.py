@@ -46,9 +46,16 @@ def test_demo_without_a_torch_module_says_why(tmp_path, monkeypatch):
     from tensorplan.graph import zoo
     monkeypatch.setenv("TENSORPLAN_STORE", str(tmp_path / "store.sqlite"))
     onnx_file = str(zoo.export("tiny-mlp"))
-    p = run_demo(onnx_file, threads=1).plan
+    p = run_demo(onnx_file, threads=1, save_plan=str(tmp_path / "out" / "mlp.plan.json")).plan
     assert p["agree"] and "torch.compile" not in p["rounds_ms"]
     assert "ONNX file" in p["torch_compile"]["skipped"]
+    # the saved plan is the one that ran, and `tensorplan export` takes it
+    from tensorplan.plan.plan import Plan
+    from tensorplan.workflows.export import export_onnx
+    plan = Plan.load(p["saved"])
+    assert len(plan.kernels) == p["kernels"] and plan.source["model"] == onnx_file
+    res = export_onnx(p["saved"], tmp_path / "out" / "mlp.onnx", threads=1, rounds=0)
+    assert res.ok and res.source == "plan" and res.kernels == p["kernels"]
 
 
 def test_demo_cli_json_without_orchestration(tmp_path):

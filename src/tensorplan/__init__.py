@@ -27,6 +27,7 @@ _LAZY = {
     "Plan": ("tensorplan.plan.plan", "Plan"),
     "run_plan": ("tensorplan.runtime.executor", "run_plan"),
     "run_demo": ("tensorplan.workflows.demo", "run_demo"),
+    "export_onnx": ("tensorplan.workflows.export", "export_onnx"),
 }
 
 

@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "orchestrate",
     "coexec",
     "run",
+    "export",
 )
 
 for _mod in _COMMAND_MODULES:

@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
                                               "against ONNX Runtime."),
              report: str = typer.Option(None, "--report", help="Also write a self-contained HTML report "
                                         "(charts of the interleaved rounds, per-operator time, the plan's kernels)."),
+             save_plan: str = typer.Option(None, "--save-plan", help="Also write the plan JSON here "
+                                           "(`tensorplan run` / `tensorplan export` take it)."),
              vs_torch_compile: bool = typer.Option(True, "--vs-torch-compile/--no-vs-torch-compile",
                                                    help="Also race torch.compile of the model's PyTorch module "
                                                    "(zoo models and factories; compiling takes seconds to a minute)."),
@@ -31,7 +33,7 @@ def register(app: typer.Typer) -> None:
         con = Console(stderr=as_json)
         rep = run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
                        progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"),
-                       vs_torch_compile=vs_torch_compile)
+                       vs_torch_compile=vs_torch_compile, save_plan=save_plan)
         ok_all = rep.agree and (rep.plan is None or rep.plan["agree"])
         if report:
             from ..workflows.report import write_demo_report
@@ -70,5 +72,10 @@ def register(app: typer.Typer) -> None:
                           f"{tc['compile_s']:.1f} s) → tensorplan [bold]{tc['speedup']:.2f}×[/]")
             else:
                 con.print(f"[dim]torch.compile not raced: {tc['skipped']}[/]")
+            if p.get("saved"):
+                from pathlib import Path
+                onnx_out = Path(p["saved"]).parent / (Path(p["saved"]).name.split(".")[0] + ".onnx")
+                con.print(f"plan: {p['saved']}; as one ONNX file for stock ONNX Runtime: "
+                          f"[bold]tensorplan export {p['saved']} -o {onnx_out}[/]")
         if not ok_all:
             raise typer.Exit(1)

@@ -155,10 +155,9 @@ class Plan:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temp file + rename), so a crash never leaves half a plan."""
+        from ..paths import atomic_write
         path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
+        atomic_write(path, self.to_json().encode())
         return path
 
     @classmethod

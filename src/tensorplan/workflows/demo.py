@@ -101,12 +101,14 @@ def interleaved_medians(fns: dict[str, callable], rounds: int = 15, per_round_s:
 
 
 def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrate: bool = True,
-             progress: bool = False, log=None, vs_torch_compile: bool = True) -> DemoReport:
+             progress: bool = False, log=None, vs_torch_compile: bool = True,
+             save_plan: str | None = None) -> DemoReport:
     """Import `model` (zoo name, ONNX path or PyTorch factory `pkg.mod:factory`), run it in ONNX Runtime and in the reference
     executor, compare, and profile per operator; then (orchestrate=True) plan its kernels with
     measured costs, run the plan, check it against ONNX Runtime and time both interleaved, with
     `torch.compile` of the model's PyTorch module (zoo models and factories have one;
-    `vs_torch_compile=False` skips it) as a third contender on the same inputs."""
+    `vs_torch_compile=False` skips it) as a third contender on the same inputs. `save_plan` writes
+    the plan JSON there (for `tensorplan run` / `tensorplan export`)."""
     from ..devices import resolve
     from ..graph import load_model
     from ..graph.analysis import graph_flops
@@ -141,7 +143,8 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
     if orchestrate:
         plan_summary = _orchestrate_and_race(model, opset, threads, path_for_ort=path,
                                              feeds=feeds, progress=progress, log=log,
-                                             torch_args=[feeds[n] for n in graph.inputs] if vs_torch_compile else None)
+                                             torch_args=[feeds[n] for n in graph.inputs] if vs_torch_compile else None,
+                                             save_plan=save_plan)
     return DemoReport(
         model=model, nodes=len(graph.nodes), params=graph.num_parameters(),
         gflops=graph_flops(graph) / 1e9, import_s=import_s, device=device.to_dict(),
@@ -179,7 +182,7 @@ def _torch_compiled(model: str, opset: int, args: list[np.ndarray], log) -> tupl
 
 
 def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: str, feeds, progress, log,
-                          torch_args: list[np.ndarray] | None = None):
+                          torch_args: list[np.ndarray] | None = None, save_plan: str | None = None):
     """Korch pipeline with measured kernel costs (cached in the store), then the plan against
     ONNX Runtime on the original model, interleaved."""
     import onnxruntime as ort
@@ -191,6 +194,7 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
 
     plan, _ = orchestrate_raced(model, opset=opset, cost="measured", threads=threads, progress=progress,
                                 log=log)
+    saved = str(plan.save(save_plan)) if save_plan else None
     prim = plan.primitive_graph()
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -230,5 +234,5 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
             "max_rel_error": err, "agree": err <= 1e-4,
             "rounds_ms": {n: [v * 1e3 for v in t.repeats] for n, t in timings.items()},
             "rewrites": dict(Counter(r for r, _ in plan.source.get("rewrites", []))),
-            "race": plan.stats.get("race"),
+            "race": plan.stats.get("race"), "saved": saved,
             "kernel_list": kernel_list}

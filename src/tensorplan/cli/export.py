@@ -1,0 +1,61 @@
+"""`tensorplan export`: a plan (or a model's exact rewrites) as one ONNX file for stock ONNX Runtime."""
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def export(
+        target: str = typer.Argument(..., help="Plan JSON from `tensorplan orchestrate`, or a model (ONNX path, "
+                                               "zoo name, pkg.mod:factory): then its exact rewrites only."),
+        output: str = typer.Option(..., "--output", "-o", help="Write the ONNX model here."),
+        threads: int = typer.Option(2, help="ONNX Runtime intra-op threads for the check and the timing."),
+        check: bool = typer.Option(True, "--check/--no-check",
+                                   help="Compare its outputs with ONNX Runtime on the original model."),
+        tol: float = typer.Option(1e-4, help="Max relative error accepted by --check."),
+        rounds: int = typer.Option(15, help="Interleaved timing rounds, original vs exported (0: no timing)."),
+        input_shape: list[str] = typer.Option(None, "--input-shape",
+                                              help="NAME=D1,D2,... for a dynamic ONNX model (repeatable)."),
+        opset: int = typer.Option(17, help="Opset of a zoo export (plans and ONNX files keep theirs)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Write a plan as one standalone ONNX file, check it and time it against the original in ONNX Runtime."""
+        from ..graph.onnx_import import parse_input_shapes
+        from ..workflows.export import export_onnx
+        con = Console(stderr=True)
+        log = None if as_json else (lambda msg: con.print(f"[dim]{msg}[/]"))
+        with con.status(f"exporting {target} ..."):
+            res = export_onnx(target, output, threads=threads, check=check, tol=tol, rounds=rounds, opset=opset,
+                              input_shapes=parse_input_shapes(input_shape) or None, log=log)
+        if as_json:
+            print(json.dumps(res.to_dict(), indent=2, default=float))
+        else:
+            _print(Console(), res)
+        if check and not res.ok:
+            raise typer.Exit(1)
+
+
+def _print(con: Console, res) -> None:
+    t = Table(title=f"{res.model} -> {res.path}", show_header=False)
+    t.add_row("what it is", res.relation)
+    if res.rewrites:
+        t.add_row("exact rewrites", ", ".join(f"{k} x{v}" for k, v in sorted(res.rewrites.items())))
+    t.add_row("operators", f"{res.nodes[0]} -> {res.nodes[1]}")
+    t.add_row("GFLOP", f"{res.gflop[0]:.2f} -> {res.gflop[1]:.2f}")
+    t.add_row("size", f"{res.bytes / 2**20:.1f} MiB")
+    if res.max_rel_err is not None:
+        colour = "green" if res.ok else "red"
+        t.add_row("max rel err vs ORT", f"[{colour}]{res.max_rel_err:.2e}[/] (tolerance {res.tol:.0e})")
+    if res.timing:
+        tm = res.timing
+        t.add_row("ONNX Runtime, original", f"{tm['original_ms']:.2f} ms")
+        t.add_row("ONNX Runtime, exported", f"{tm['exported_ms']:.2f} ms  ([bold]{tm['speedup']:.2f}x[/], "
+                                            f"{tm['rounds']} interleaved rounds, {tm['threads']} threads)")
+    opts = ", ".join(f"{k}={v}" for k, v in res.session.items())
+    t.add_row("run it with", f"onnxruntime.InferenceSession(path, so): {opts} (stored in the file's metadata)")
+    con.print(t)
