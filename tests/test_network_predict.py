@@ -67,3 +67,34 @@ def test_calibrate_here_then_predict_with_measurement(tmp_path):
     big = max(r["kernels"], key=lambda k: k["flops"])
     small = min(r["kernels"], key=lambda k: k["flops"])
     assert big["measured_us"] > small["measured_us"]
+
+
+def test_a_gpu_is_predicted_from_cuda_programs_with_the_shipped_h100_model():
+    """`--device h100` schedules every kernel for the H100's CUDA target (no GPU needed) and predicts
+    with the model trained on the H100's measured programs; a CPU-trained model is refused."""
+    from tensorplan.predict.network import SHIPPED_GPU_MODEL
+    r = predict_network("tiny-cnn", device="h100")
+    assert r["kind"] == "gpu" and r["trained_on"] == ["h100"] and r["warning"] is None
+    assert r["weights"] == str(SHIPPED_GPU_MODEL) and r["n_kernels"] >= 4
+    assert all(k["schedule"].startswith("meta-schedule sample") and k["predicted_us"] > 0 for k in r["kernels"])
+    assert r["total_ms"] == pytest.approx(sum(k["total_us"] for k in r["kernels"]) / 1e3)
+    with pytest.raises(TensorplanError, match="is a GPU, but .* was trained on CPU domains only"):
+        predict_network("tiny-cnn", device="h100", weights=str(SHIPPED_GPU_MODEL.with_name("cdmpp-local.pt")))
+    with pytest.raises(TensorplanError, match="no CUDA target tag"):
+        predict_network("tiny-cnn", device="sd855-gpu")
+
+
+def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
+    import numpy as np
+
+    from tensorplan.predict.cdmpp import device_features, load_shipped
+    r = predict_network("tiny-mlp", device="epyc-9654")
+    assert r["kind"] == "cpu" and "never on 'epyc-9654'" in r["warning"] and "calibrate" in r["warning"]
+    # the same domain name learnt with another machine's device vector is zero-shot too
+    est = load_shipped()
+    here = device_features("local-1t")
+    for name, vec, warned in (("same", here, False), ("other", np.asarray(here) * 1.5, True)):
+        est.domain_features_ = {"local-1t": list(map(float, vec))}
+        p = est.save(tmp_path / f"{name}.pt")
+        r = predict_network("tiny-mlp", device="local-1t", weights=str(p))
+        assert (r["warning"] is not None and "learnt 'local-1t' on another CPU" in r["warning"]) == warned

@@ -85,8 +85,10 @@ def register(app: typer.Typer) -> None:
     @app.command("predict")
     def predict_cmd(
         model: str = typer.Argument(..., help="ONNX path or zoo name."),
-        device: str = typer.Option("local", "--device", help="Device domain ('local' = this CPU)."),
-        weights: Optional[Path] = typer.Option(None, "--weights", help="Predictor file (default: shipped CDMPP)."),
+        device: str = typer.Option("local", "--device", help="Device domain ('local' = this CPU; a GPU such as "
+                                   "h100 is predicted from CUDA schedules, no GPU needed)."),
+        weights: Optional[Path] = typer.Option(None, "--weights", help="Predictor file (default: the shipped "
+                                               "CDMPP: the H100 one for a GPU device, the CPU one otherwise)."),
         measure: bool = typer.Option(False, "--measure", help="Also compile and time every kernel here "
                                      "(same schedule) and compare; 'local' devices only."),
         shipped: bool = typer.Option(False, "--shipped", help="Ignore this machine's `tensorplan calibrate` "
@@ -131,6 +133,8 @@ def register(app: typer.Typer) -> None:
                 f"{m['spearman_across_kernels']:.2f}")
         if m and m.get("kernels_failed"):
             _log(f"not measured: {', '.join(m['kernels_failed'])}")
+        if r.get("warning"):
+            Console(stderr=True).print(f"[yellow]warning:[/] {r['warning']}")
 
     @app.command("calibrate")
     def calibrate_cmd(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import io
 import json
 import math
 import time
@@ -456,7 +455,9 @@ class Estimator(abc.ABC):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         blob = {"format": "tensorplan-estimator/1", "class": type(self).__name__,
-                "params": self.get_params(), "state": self._state()}
+                "params": self.get_params(), "state": self._state(),
+                "domains": list(getattr(self, "domains_", None) or []),
+                "domain_features": dict(getattr(self, "domain_features_", None) or {})}
         tmp = path.with_suffix(path.suffix + ".tmp")
         torch.save(blob, tmp)
         tmp.replace(path)
@@ -479,6 +480,8 @@ class Estimator(abc.ABC):
             raise TensorplanError(f"'{path}' holds a {blob['class']}, not a {cls.__name__}")
         obj = klass(**blob["params"])
         obj._set_state(blob["state"])
+        obj.domains_ = list(blob.get("domains") or [])  # [] = not recorded (a model saved before they were)
+        obj.domain_features_ = dict(blob.get("domain_features") or {})  # the device vector each was learnt with
         return obj
 
 
@@ -1143,6 +1146,8 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
         parts = [model]
     model.fit(arr.subset(np.flatnonzero(~val_m)), val=arr.subset(np.flatnonzero(val_m)))
     val = arr.subset(np.flatnonzero(val_m))
+    model.domains_ = sorted(set(arr.device_name))  # saved with it: `predict` says when a device is not among them
+    model.domain_features_ = {d: device_features(d, ds.devices).tolist() for d in model.domains_}
     info = {"records": len(arr), "stability": f"{stability} <= {max_cov}", "devices": sorted(set(arr.device_name)),
             "members": len(parts), "train_time_s": sum(m.train_time_s for m in parts),
             "val": regression_metrics(model.predict(val), val.latency_s),

@@ -157,6 +157,7 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
     if len(pool_ds) == 0:
         raise TensorplanError(f"finetune: the dataset has no stable records on '{dom}'; "
                               f"known devices: {sorted(ds.records['device'].unique())}")
+    base_domains = list(getattr(est, "domains_", None) or [])
     pool = as_arrays(pool_ds)
     ft, rest, tasks = few_shot_split(pool, min(n_tasks, len(np.unique(pool.task_key))), per_task, method, seed)
     test = pool.subset(rest)
@@ -177,6 +178,8 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
     after = regression_metrics(est.predict(test), test.latency_s) if len(test) else {}
     info = {"device": dom, "adapt": adapt, "method": method, "tasks": tasks, "n_target_samples": int(len(ft)),
             "n_eval": int(len(rest)), "before": before, "after": after}
+    if base_domains:
+        est.domains_ = sorted(set(base_domains) | {dom})
     if out is not None:
         info["path"] = str(est.save(out))
     return info

@@ -108,6 +108,8 @@ def calibrate_here(threads: int, *, n_tasks: int = 40, per_task: int = 4, data=N
     here = dataclasses.replace(arr.subset(idx[ok]), latency_s=lat[ok])
     cal = Calibrated(est, source=source, seed=seed,
                      source_features=device_features(source, ds.devices).tolist()).fit(here)
+    cal.domains_ = [f"local-{threads}t"]   # this CPU at this thread count: what predict uses it for
+    cal.domain_features_ = {cal.domains_[0]: device_features(cal.domains_[0]).tolist()}
     src_pred = cal.source_predict(here)
     info = {"host": host_id(), "threads": threads, "source": source, "tasks": [str(t) for t in tasks],
             "n_timed": int(ok.sum()), "n_selected": int(len(idx)), "skipped": skipped, "time_s": time.perf_counter() - t0,

@@ -25,7 +25,8 @@ import numpy as np
 
 from ..errors import TensorplanError
 from ..progress import progress_bar
-from .cdmpp import SHIPPED_MODEL, ProgramArrays, load_estimator, load_shipped, regression_metrics, resolve_domain
+from .cdmpp import (SHIPPED_MODEL, ProgramArrays, device_features, load_estimator, load_shipped, regression_metrics,
+                    resolve_domain)
 
 # the dataset's timer settings (`dataset.collect`), with a longer cap: a network's big kernels
 # (a VGG convolution with an untuned schedule) run for seconds and must still be timed
@@ -51,6 +52,39 @@ def default_task_schedule(task, target=None, tries: int = 8):
     except Exception:  # noqa: BLE001 - fall back to the plain loop nest
         pass
     return task.mod, "unscheduled", None
+
+
+SHIPPED_GPU_MODEL = SHIPPED_MODEL.with_name("cdmpp-h100.pt")
+
+
+def domain_kind(domain: str) -> str:
+    """'gpu' or 'cpu' (what `devices.resolve` says; a domain it does not know counts as a CPU)."""
+    from ..devices import resolve
+    try:
+        return "gpu" if resolve(domain).kind == "gpu" else "cpu"
+    except Exception:  # noqa: BLE001 - a dataset-only domain name such as 'zen4-1t'
+        return "cpu"
+
+
+def gpu_target(domain: str):
+    """The TVM target a GPU domain's programs are scheduled for: its `nvidia/...` tag (the tag the
+    GPU dataset was sampled with for the H100); a clear error for a GPU TVM has no tag for."""
+    import tvm
+
+    from ..devices import resolve
+    spec = resolve(domain)
+    names = [domain, spec.name, str((spec.extra or {}).get("catalog", ""))]
+    for n in names:
+        base = re.split(r"-(?:sxm|pcie|nvl)", n.lower())[0]              # 'a100-sxm4-40gb' -> 'a100'
+        for b in dict.fromkeys((base, re.sub(r"([a-z])(\d)", r"\1-\2", base))):  # 'rtx4090' -> 'rtx-4090'
+            for tag in (f"nvidia/nvidia-{b}", f"nvidia/geforce-{b}", f"nvidia/tesla-{b}"):
+                try:
+                    return tvm.target.Target(tag)
+                except Exception:  # noqa: BLE001 - not a known tag; try the next spelling
+                    continue
+    raise TensorplanError(f"device '{domain}': TVM has no CUDA target tag for it (tried nvidia/nvidia-{names[0]}), "
+                          "so its kernels cannot be scheduled as GPU programs; predict a GPU TVM knows "
+                          "(e.g. --device h100, a100)")
 
 
 def local_threads(domain: str) -> int:
@@ -111,7 +145,29 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         from .local_calibration import local_model_path
         here = local_model_path(int(dom[6:-1]))
         weights = here if here.exists() else None    # `tensorplan calibrate` made one for this CPU
+    is_gpu = domain_kind(dom) == "gpu"
+    if weights is None and is_gpu:
+        weights = SHIPPED_GPU_MODEL                  # trained on the H100's own CUDA programs
     est = load_shipped() if weights is None else load_estimator(weights)
+    known = list(getattr(est, "domains_", None) or [])
+    if is_gpu and known and not any(domain_kind(d) == "gpu" for d in known):
+        raise TensorplanError(f"device '{dom}' is a GPU, but '{weights or SHIPPED_MODEL}' was trained on CPU "
+                              f"domains only ({', '.join(known)}): CPU-trained models miss GPU programs 20-90x "
+                              "(docs/cdmpp.md). Leave out --weights to use the shipped H100 model, or train one on "
+                              "GPU data: tensorplan train --data data/cdmpp-h100")
+    warning = None
+    learnt = (getattr(est, "domain_features_", None) or {}).get(dom)
+    if learnt is not None and not np.allclose(learnt, device_features(dom), rtol=0.05):
+        warning = (f"zero-shot: '{dom}' is this machine, but the model learnt '{dom}' on another CPU (its device "
+                   "vector differs); on a new CPU such predictions were off by 40-70 % (MAPE) in docs/cdmpp.md. "
+                   "Run `tensorplan calibrate` here (minutes) and predict again.")
+    elif known and dom not in known:
+        warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'; on a new device "
+                   "such predictions were off by 40-70 % (MAPE, held-out CPUs) in docs/cdmpp.md. "
+                   + ("Run `tensorplan calibrate` on that machine." if not is_gpu else
+                      "Measure a few thousand programs there (tensorplan dataset measure-gpu) and train on them."))
+    if warning and log:
+        log(f"warning: {warning}")
     path, name = resolve_model(model)
     t0 = time.perf_counter()
     tasks = network_tasks(path, name)
@@ -119,10 +175,11 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         raise TensorplanError(f"model '{model}': no fused kernels found")
     asts, how, ios, mods, sample = [], [], [], [], []
     with progress_bar("schedule + featurize", len(tasks), progress) as advance:
+        target = gpu_target(dom) if is_gpu else None
         for t in tasks:
-            mod, h, i = default_task_schedule(t)
+            mod, h, i = default_task_schedule(t, target, tries=24 if is_gpu else 8)  # as many as the GPU sampler
             sample.append(i)
-            asts.append(compact_ast(mod))
+            asts.append(compact_ast(mod, is_gpu=is_gpu))
             ios.append(task_io_of(mod))
             how.append(h)
             mods.append(mod)
@@ -144,7 +201,8 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         if spread is not None:
             kernels[-1]["log_spread"] = float(spread[i])
     total = sum(k["total_us"] for k in kernels)
-    out = {"model": name, "device": device, "domain": dom, "predictor": type(est).__name__,
+    out = {"model": name, "device": device, "domain": dom, "kind": "gpu" if is_gpu else "cpu",
+           "trained_on": known, "warning": warning, "predictor": type(est).__name__,
            "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
            "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1}
     if logs is not None:   # the whole model as each member alone predicts it: a range for the total
