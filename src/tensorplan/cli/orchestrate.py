@@ -121,4 +121,6 @@ def register(app: typer.Typer) -> None:
                   if op else "none")
         if output:
             t.add_row("written", str(output))
+            t.add_row("next", f"tensorplan run {output}  (time it, check it);  tensorplan export {output} -o "
+                              f"{Path(output).name.split('.')[0]}.onnx  (one ONNX file for stock ONNX Runtime)")
         con.print(t)
