@@ -8,7 +8,12 @@ single model), the mean over members of their own scores, the ensemble's geometr
 (shrink 0) and the ensemble's point estimate exp(mean log - shrink * var log) for shrink 1 (the
 default) and 2. Members train two at a time in separate processes (one torch thread each).
 
-Usage: python bench/cdmpp_ensemble.py [--members 3] [--seconds 150] [--splits network,sample]
+Mixed ensembles (`blends` in the JSON) pool the members of two or three models (e.g. CDMPP without
+CMD and XGBoost: different errors) and apply the same rule, exp(mean log - shrink * var log), to
+the pooled members: no weight is fitted, so no test label is used. `--blends-only` recomputes them
+from the saved .npz without training.
+
+Usage: python bench/cdmpp_ensemble.py [--members 3] [--seconds 150] [--splits network,sample] [--blends-only]
 Writes bench/results/cdmpp_ensemble.json (with the machine description), the members' log
 predictions as .npz and a predicted-vs-measured scatter coloured by the spread as .png.
 """
@@ -100,14 +105,47 @@ def _plot(arrays: dict, splits: list[str], models: list[str], path: Path) -> Non
     plt.close(fig)
 
 
+BLENDS = (("cdmpp", "xgboost"), ("cdmpp-nocmd", "xgboost"), ("cdmpp", "cdmpp-nocmd", "xgboost"))
+
+
+def _blends(arrays: dict, split_names: list[str]) -> dict:
+    """Mixed ensembles: the pooled members' log predictions of several models, shrink 0 and 1."""
+    out: dict = {}
+    for s in split_names:
+        y = arrays[f"{s}/latency_s"]
+        for combo in BLENDS:
+            if not all(f"{s}/{m}" in arrays for m in combo):
+                continue
+            L = np.concatenate([np.asarray(arrays[f"{s}/{m}"], np.float64) for m in combo], 0)
+            mu, var = L.mean(0), L.var(0, ddof=1)
+            out.setdefault(s, {})["+".join(combo)] = {
+                "members": int(L.shape[0]),
+                **{f"ensemble_shrink{k:g}": _score(np.exp(mu - k * var), y) for k in (0.0, 1.0)}}
+            b = out[s]["+".join(combo)]
+            print(f"{s:8s} blend {'+'.join(combo):28s} shrink0 {b['ensemble_shrink0']['mape_pct']:.1f}  "
+                  f"shrink1 {b['ensemble_shrink1']['mape_pct']:.1f} (median APE "
+                  f"{b['ensemble_shrink1']['median_ape_pct']:.1f})", flush=True)
+    return out
+
+
 def main(members: int = typer.Option(3, "--members"),
          seconds: float = typer.Option(150.0, "--seconds", help="Training budget per CDMPP member."),
          splits: str = typer.Option("network,sample", "--splits"),
          models: str = typer.Option(",".join(MODELS), "--models"),
          holdout: str = typer.Option(HOLDOUT, "--holdout"),
          workers: int = typer.Option(2, "--workers", help="Members trained at once (processes)."),
-         out: Path = typer.Option(Path("bench/results/cdmpp_ensemble.json"), "--out")) -> None:
+         out: Path = typer.Option(Path("bench/results/cdmpp_ensemble.json"), "--out"),
+         blends_only: bool = typer.Option(False, "--blends-only", help="Only recompute the mixed ensembles "
+                                          "from the saved .npz (no training).")) -> None:
     from rich.progress import track
+
+    if blends_only:
+        arrays = dict(np.load(out.with_suffix(".npz")))
+        res = json.loads(out.read_text())
+        res["blends"] = _blends(arrays, [s for s in res["splits"]])
+        out.write_text(json.dumps(res, indent=1))
+        print(f"wrote {out} (blends)")
+        return
 
     from tensorplan.predict.evaluate import machine_info
 
@@ -143,6 +181,7 @@ def main(members: int = typer.Option(3, "--members"),
             print(f"{s:8s} {m:12s} seeds {[round(x['mape_pct'], 1) for x in singles]}  "
                   f"ens {entry['ensemble_shrink0']['mape_pct']:.1f}  shrink1 {entry['ensemble_shrink1']['mape_pct']:.1f} "
                   f"(median APE {entry['ensemble_shrink1']['median_ape_pct']:.1f})", flush=True)
+    res["blends"] = _blends(arrays, split_names)
     res["wall_s"] = time.perf_counter() - t_all
     res["loadavg"] = list(os.getloadavg())
     res["machine"] = machine_info()
