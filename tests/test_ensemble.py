@@ -76,6 +76,20 @@ def test_harness_names_ensembles():
         make_model("nothing-ens", quick=True)
 
 
+def test_mixed_ensemble_pools_two_models_and_survives_a_save(cdmpp_small, tmp_path):
+    tr, te = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
+    mix = make_model("cdmpp-nocmd-ens2+xgboost-ens", quick=True)
+    assert [type(m).__name__ for m in mix.members] == ["CDMPP"] * 2 + ["TenSetXGB"] * 3
+    mix.fit(tr)
+    logs = np.stack([np.log(m.predict(te)) for m in mix.members])
+    np.testing.assert_allclose(mix.predict(te), np.exp(logs.mean(0) - logs.var(0, ddof=1)), rtol=1e-5)
+    back = load_estimator(mix.save(tmp_path / "mix.pt"))
+    assert [type(m).__name__ for m in back.members] == [type(m).__name__ for m in mix.members]
+    np.testing.assert_allclose(back.predict(te), mix.predict(te), rtol=1e-5)
+    with pytest.raises(TensorplanError, match="at least 2 members"):
+        make_model("roofline+", quick=True)
+
+
 @pytest.mark.slow
 def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
     """`tensorplan train --members 2` saves an ensemble; `predict` with it gives each kernel a spread."""

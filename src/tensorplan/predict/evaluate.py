@@ -45,9 +45,18 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
 
     `NAME-ens` / `NAME-ensK`: an `ensemble.Ensemble` of K (default ENSEMBLE_MEMBERS) copies of
     NAME seeded seed .. seed+K-1, each with NAME's full budget; XGBoost members bag rows and columns.
+    `A+B`: a mixed ensemble, the members of A and B pooled under the same rule (no fitted weight),
+    e.g. `cdmpp-nocmd-ens+xgboost-ens` (docs/cdmpp.md, mixed ensembles).
     """
     from .baselines import RooflineLinear, TenSetMLP, TenSetXGB, TLPModel
     from .ensemble import Ensemble
+
+    if "+" in name:
+        parts = [make_model(p, quick, time_scale, seed) for p in name.split("+") if p]
+        members = [m for p in parts for m in (p.members if isinstance(p, Ensemble) else [p])]
+        if len(members) < 2:
+            raise TensorplanError(f"model '{name}': a mixed ensemble needs at least 2 members")
+        return Ensemble(members)
 
     ens = re.fullmatch(r"(.+)-ens(\d*)", name)
     if ens:
