@@ -97,4 +97,4 @@ def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
         est.domain_features_ = {"local-1t": list(map(float, vec))}
         p = est.save(tmp_path / f"{name}.pt")
         r = predict_network("tiny-mlp", device="local-1t", weights=str(p))
-        assert (r["warning"] is not None and "learnt 'local-1t' on another CPU" in r["warning"]) == warned
+        assert (r["warning"] is not None and "learnt 'local-1t' on another machine" in r["warning"]) == warned

@@ -158,9 +158,9 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     warning = None
     learnt = (getattr(est, "domain_features_", None) or {}).get(dom)
     if learnt is not None and not np.allclose(learnt, device_features(dom), rtol=0.05):
-        warning = (f"zero-shot: '{dom}' is this machine, but the model learnt '{dom}' on another CPU (its device "
-                   "vector differs); on a new CPU such predictions were off by 40-70 % (MAPE) in docs/cdmpp.md. "
-                   "Run `tensorplan calibrate` here (minutes) and predict again.")
+        warning = (f"zero-shot: the model learnt '{dom}' on another machine (its device vector differs from what "
+                   f"'{dom}' resolves to here); on a new CPU such predictions were off by 40-70 % (MAPE) in "
+                   "docs/cdmpp.md. Run `tensorplan calibrate` here (minutes) and predict again.")
     elif known and dom not in known:
         warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'; on a new device "
                    "such predictions were off by 40-70 % (MAPE, held-out CPUs) in docs/cdmpp.md. "
