@@ -24,11 +24,14 @@ def _tiny_model(path, dynamic=False, unsupported=False):
              helper.make_node("Relu", ["hb"], ["r"], name="relu"),
              helper.make_node("Softmax", ["r"], ["y"], name="sm", axis=-1)]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
-    if unsupported:
+    if unsupported:   # Det: ONNX Runtime runs it; Upsample (gone after opset 9): nobody does
         nodes.append(helper.make_node("Det", ["sq"], ["d"], name="det"))
+        nodes.append(helper.make_node("Upsample", ["sq", "sc"], ["u"], name="ups"))
+        outputs.append(helper.make_tensor_value_info("u", TensorProto.FLOAT, None))
         nodes.insert(0, helper.make_node("Reshape", ["x", "s"], ["sq"], name="rs"))
         outputs.append(helper.make_tensor_value_info("d", TensorProto.FLOAT, None))
-    inits = [w, b, numpy_helper.from_array(np.array([-1, 4, 4], np.int64), "s")]
+    inits = [w, b, numpy_helper.from_array(np.array([-1, 4, 4], np.int64), "s"),
+             numpy_helper.from_array(np.ones(3, np.float32), "sc")]
     shape = ["batch", 16] if dynamic else [2, 16]
     g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                           outputs, inits)
@@ -65,9 +68,11 @@ def test_inspect_reports_unsupported_instead_of_failing(tmp_path):
     res = runner.invoke(app, ["inspect", str(p), "--json"])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.output)
-    assert rep["unsupported"] == [{"node": "det", "op": "Det", "domain": ""}]
+    assert rep["unsupported"] == [{"node": "ups", "op": "Upsample", "domain": ""}]
+    assert rep["foreign"] == [{"node": "det", "op": "Det", "domain": ""}]
     res = runner.invoke(app, ["inspect", str(p), "--check"])
-    assert res.exit_code == 1 and "Det" in res.output and "skipped" in res.output
+    assert res.exit_code == 1 and "Upsample" in res.output and "skipped" in res.output
+    assert "run in ONNX Runtime" in " ".join(res.output.split()) and "Det" in res.output
 
 
 def test_inspect_zoo_name():

@@ -201,23 +201,37 @@ def test_initializers_listed_as_inputs_are_constants():
 
 # ---------------------------------------------------------------- errors
 def test_unsupported_operators_listed_all_at_once():
+    # Det and LpNormalization have no numpy rule but ONNX Runtime runs them (foreign nodes);
+    # Upsample (removed after opset 9) and an unknown op run nowhere: listed together.
     nodes = [helper.make_node("Det", ["x"], ["d"], name="det_node"),
              helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("LpNormalization", ["r"], ["y"], name="lpn")]
-    m = make_model(nodes, [vi("x", [2, 3, 3])], [vi("d", [2]), vi("y", [2, 3, 3])])
+             helper.make_node("LpNormalization", ["r"], ["y"], name="lpn"),
+             helper.make_node("Upsample", ["x", "sc"], ["u"], name="ups"),
+             helper.make_node("Frobnicate", ["x"], ["f"], name="frob")]
+    m = make_model(nodes, [vi("x", [2, 3, 3])], [vi("d", [2]), vi("y", [2, 3, 3]), vi("u", [2, 3, 3]),
+                                                vi("f", [2, 3, 3])])
+    m.graph.initializer.append(numpy_helper.from_array(np.ones(3, np.float32), "sc"))
     with pytest.raises(UnsupportedOperatorError) as e:
         import_onnx(m)
-    assert {op for _, op in e.value.ops} == {"Det", "LpNormalization"}
-    assert "det_node" in str(e.value) and "lpn" in str(e.value)
-    g = import_onnx(m, allow_unsupported=True)  # inspect mode keeps them
-    assert {"Det", "LpNormalization"} <= set(g.op_counts())
+    assert {op for _, op in e.value.ops} == {"Upsample", "Frobnicate"}
+    assert "ups" in str(e.value) and "frob" in str(e.value)
+    del m.graph.node[-1], m.graph.output[-1]       # an op with no shape inference cannot be shaped
+    g = import_onnx(m, allow_unsupported=True)  # inspect mode keeps the rest
+    assert {"Det", "LpNormalization", "Upsample"} <= set(g.op_counts())
 
 
-def test_non_default_domain_rejected():
-    node = helper.make_node("FusedGemm", ["x", "x"], ["y"], domain="com.microsoft", name="fg")
+def test_non_default_domain_runs_in_onnxruntime_or_is_rejected_by_name():
+    node = helper.make_node("FusedGemm", ["x", "x"], ["y"], domain="com.microsoft", name="fg",
+                            activation="Relu")
     m = make_model([node], [vi("x", [2, 2])], [vi("y", [2, 2])])
     m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    with pytest.raises(ModelImportError, match=r"com\.microsoft.*'fg'|'fg'.*com\.microsoft"):
+    g = import_onnx(m)
+    x = np.array([[1, -2], [3, 4]], np.float32)
+    assert np.allclose(run_reference(g, {"x": x})["y"], np.maximum(x @ x, 0))
+    node = helper.make_node("FusedThing", ["x"], ["y"], domain="acme.ops", name="ft")
+    m = make_model([node], [vi("x", [2, 2])], [vi("y", [2, 2])])
+    m.opset_import.append(helper.make_opsetid("acme.ops", 1))
+    with pytest.raises(ModelImportError, match=r"'ft' \(acme\.ops::FusedThing\)"):
         import_onnx(m)
 
 

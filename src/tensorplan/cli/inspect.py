@@ -66,6 +66,10 @@ def _print(con: Console, rep: dict) -> None:
             con.print(f"  - {dom}{u['op']} (node '{u['node']}')")
     else:
         con.print("all operators supported")
+    if rep.get("foreign"):
+        ops = sorted({(f"{u['domain']}::" if u["domain"] else "") + u["op"] for u in rep["foreign"]})
+        con.print(f"[yellow]{len(rep['foreign'])} node(s) without a tensorplan rule run in ONNX Runtime, "
+                  f"one node at a time (opaque in plans): {', '.join(ops)}[/]")
     chk = rep.get("check")
     if chk:
         if "skipped" in chk:

@@ -176,14 +176,16 @@ def inspect_model(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = N
     import time
 
     from .load import load_model, resolve_model_path
-    from .reference import OPS
+    from .reference import is_foreign, unsupported_nodes
 
     path = resolve_model_path(spec, opset)
     t0 = time.perf_counter()
     graph = load_model(spec, input_shapes, opset, allow_unsupported=True)
     import_s = time.perf_counter() - t0
-    unsupported = [{"node": n.name, "op": n.op, "domain": n.domain} for n in graph.nodes
-                   if n.op not in OPS or n.domain]
+    bad = {name for name, _ in unsupported_nodes(graph)}
+    unsupported = [{"node": n.name, "op": n.op, "domain": n.domain} for n in graph.nodes if n.name in bad]
+    foreign = [{"node": n.name, "op": n.op, "domain": n.domain} for n in graph.nodes
+               if is_foreign(n) and n.name not in bad]
     summary = op_summary(graph)
     report = {
         "model": str(spec),
@@ -201,6 +203,8 @@ def inspect_model(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = N
         "min_bytes": min_bytes(graph),
         "ops": summary,
         "unsupported": unsupported,
+        # no tensorplan rule: run node by node in ONNX Runtime, opaque in plans
+        "foreign": foreign,
     }
     if check:
         if unsupported:

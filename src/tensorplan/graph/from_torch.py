@@ -78,8 +78,12 @@ def from_torch(module, example_inputs, *, name: str | None = None, opset: int = 
             try:
                 raw = torch_to_onnx(module, inputs, opset, in_names, out_names)
             except Exception as e:  # noqa: BLE001 - the exporter raises many kinds; one clear error
-                raise ModelImportError(f"PyTorch module '{name}': torch.onnx.export failed: {e}. Models with "
-                                       "data-dependent control flow need a traceable forward") from e
+                msg = str(e).split(" Please feel free")[0].strip()
+                hint = ("compute that part with operators ONNX has, or export the model to ONNX yourself "
+                        "(torch.onnx.export(..., dynamo=True) knows more operators) and pass the .onnx file"
+                        if "is not supported" in msg else
+                        "models with data-dependent control flow need a traceable forward")
+                raise ModelImportError(f"PyTorch module '{name}': torch.onnx.export failed: {msg}; {hint}") from e
     finally:
         module.train(was_training)
     model = finalize(raw, name, opset, what="PyTorch module", doc="exported by tensorplan.from_torch")

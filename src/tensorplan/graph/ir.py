@@ -68,6 +68,8 @@ class Graph:
         self.nodes: list[Node] = []
         self.inputs: list[str] = []
         self.outputs: list[str] = []
+        # opset of each non-default operator domain the model imports (e.g. com.microsoft)
+        self.domain_opsets: dict[str, int] = {}
 
     # -- construction ----------------------------------------------------
     def add_tensor(self, t: Tensor) -> Tensor:
@@ -200,6 +202,7 @@ class Graph:
             raise TensorplanError(f"subgraph: unknown nodes {sorted(missing)[:5]}")
         produced = {o for n in nodes for o in n.outputs if o}
         g = Graph(name or f"{self.name}.sub", self.opset)
+        g.domain_opsets = dict(self.domain_opsets)
         for n in nodes:
             for i in n.inputs:
                 if i and i not in produced and i not in g.tensors:
@@ -219,6 +222,7 @@ class Graph:
 
     def copy(self) -> "Graph":
         g = Graph(self.name, self.opset)
+        g.domain_opsets = dict(self.domain_opsets)
         g.tensors = {k: Tensor(t.name, tuple(t.shape), t.dtype, t.data) for k, t in self.tensors.items()}
         g.nodes = [Node(n.name, n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.domain)
                    for n in self.nodes]

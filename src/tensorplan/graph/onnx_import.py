@@ -20,6 +20,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import ModelImportError, TensorplanError, UnsupportedOperatorError
 from .ir import Graph, Node, Tensor, unique_name
+from .ort_node import ort_has_kernel
 from .reference import ONNX_TO_NP, OPS, _OPSET, run_node, run_reference
 
 MIN_OPSET, MAX_OPSET = 11, 21
@@ -200,6 +201,7 @@ class _State:
         self.output_elem: dict[str, int] = {}
         self.shapes: dict[str, tuple[str, tuple[int, ...] | None]] = {}
         self.names: set[str] = set()
+        self.domain_opsets: dict[str, int] = {}
 
 
 def _add_nodes(st: _State, nodes, prefix: str = "") -> None:
@@ -226,6 +228,8 @@ def _add_nodes(st: _State, nodes, prefix: str = "") -> None:
 def _parse(proto: onnx.ModelProto, label: str, opset: int) -> _State:
     g = proto.graph
     st = _State(label, opset)
+    st.domain_opsets = {o.domain: int(o.version) for o in proto.opset_import
+                        if o.domain not in _DEFAULT_DOMAINS}
     if len(g.sparse_initializer):
         raise ModelImportError(f"{label}: sparse initializers are not supported")
     for t in g.initializer:
@@ -457,15 +461,24 @@ def _toposort(st: _State) -> None:
     st.nodes = g.nodes
 
 
+def _runnable(st: _State, n: Node) -> bool:
+    """A node tensorplan can execute: the reference executor has the op, or ONNX Runtime's CPU
+    provider has a kernel for it (a *foreign* node, run one node at a time by `ort_node`)."""
+    if n.op in OPS and not n.domain:
+        return True
+    return ort_has_kernel(n.op, n.domain, st.opset, st.domain_opsets)
+
+
 def _check_domains(st: _State, allow_unsupported: bool) -> None:
-    foreign = [(n.name, f"{n.domain}::{n.op}") for n in st.nodes if n.domain]
+    foreign = [(n.name, f"{n.domain}::{n.op}") for n in st.nodes
+               if n.domain and not _runnable(st, n)]
     if foreign and not allow_unsupported:
         lines = ", ".join(f"'{name}' ({op})" for name, op in foreign[:20])
         more = f" and {len(foreign) - 20} more" if len(foreign) > 20 else ""
         raise ModelImportError(
-            f"{st.label}: {len(foreign)} node(s) use non-default operator domains: {lines}{more}; "
-            "only standard ONNX (ai.onnx) operators are supported — re-export without "
-            "custom/contrib ops")
+            f"{st.label}: {len(foreign)} node(s) use operators of non-default domains that neither "
+            f"tensorplan nor ONNX Runtime's CPU provider implement: {lines}{more}; re-export "
+            "without these custom ops")
 
 
 # ------------------------------------------------------------------ main entry
@@ -525,7 +538,7 @@ def _import(model, input_shapes, allow_unsupported, name) -> Graph:
             f"{label}: {len(sub)} node(s) with sub-graphs could not be constant-folded: {names}; "
             "control flow (If/Loop/Scan) is only supported when its condition/trip count is "
             "constant — re-export with the control flow traced out")
-    unsupported = [(n.name, n.op) for n in st.nodes if n.op not in OPS or n.domain]
+    unsupported = [(n.name, n.op) for n in st.nodes if not _runnable(st, n)]
     if unsupported and not allow_unsupported:
         raise UnsupportedOperatorError(unsupported, label)
 
@@ -573,6 +586,7 @@ def _fill_missing_shapes(st: _State, strict_err: str | None, unsupported: list) 
 
 def _graph_from_state(st: _State, with_shapes: bool = True, name: str = "graph") -> Graph:
     g = Graph(name, st.opset)
+    g.domain_opsets = dict(st.domain_opsets)
     for k, v in st.consts.items():
         g.add_tensor(Tensor(k, tuple(int(d) for d in v.shape), v.dtype.name, v))
     for i in st.inputs:

@@ -25,6 +25,7 @@ from ..errors import TensorplanError, UnsupportedOperatorError
 from .ir import Graph, Node
 
 _OPSET: contextvars.ContextVar[int] = contextvars.ContextVar("tensorplan_opset", default=17)
+_DOMAIN_OPSETS: contextvars.ContextVar[dict] = contextvars.ContextVar("tensorplan_domain_opsets", default={})
 
 OpFn = Callable[[Node, list], list]
 OPS: dict[str, OpFn] = {}
@@ -1198,10 +1199,15 @@ def _dequant(node, x):
 
 # ---------------------------------------------------------------- driver
 def run_node(node: Node, inputs: list) -> list:
-    """Run one node; errors name the node and op."""
+    """Run one node; errors name the node and op. An op without a numpy rule (LSTM, a
+    com.microsoft contrib op, ...) runs in ONNX Runtime when its CPU provider has a kernel."""
     fn = OPS.get(node.op)
     if fn is None or node.domain not in ("", "ai.onnx"):
-        raise UnsupportedOperatorError([(node.name, node.op)])
+        from .ort_node import ort_has_kernel, run_foreign
+        opset, doms = _OPSET.get(), _DOMAIN_OPSETS.get()
+        if not ort_has_kernel(node.op, node.domain, opset, doms):
+            raise UnsupportedOperatorError([(node.name, node.op)])
+        return run_foreign(node, inputs, opset, doms)
     try:
         return fn(node, inputs)
     except TensorplanError:
@@ -1213,6 +1219,18 @@ def run_node(node: Node, inputs: list) -> list:
             f"{shapes}: {type(e).__name__}: {e}") from e
 
 
+def is_foreign(node: Node) -> bool:
+    """No numpy rule here: the node runs in ONNX Runtime (see `ort_node`)."""
+    return node.op not in OPS or node.domain not in ("", "ai.onnx")
+
+
+def unsupported_nodes(graph: Graph) -> list[tuple[str, str]]:
+    """(name, op) of nodes neither the reference executor nor ONNX Runtime's CPU provider run."""
+    from .ort_node import ort_has_kernel
+    return [(n.name, n.op) for n in graph.nodes if is_foreign(n)
+            and not ort_has_kernel(n.op, n.domain, graph.opset, graph.domain_opsets)]
+
+
 def run_reference(graph: Graph, feeds: dict[str, np.ndarray],
                   keep_all: bool = False) -> dict[str, np.ndarray]:
     """Execute `graph` on `feeds`; returns the graph outputs (all tensors if `keep_all`).
@@ -1221,8 +1239,7 @@ def run_reference(graph: Graph, feeds: dict[str, np.ndarray],
     missing = [i for i in graph.inputs if i not in feeds]
     if missing:
         raise TensorplanError(f"run_reference: missing feeds for graph inputs {missing}")
-    unsupported = [(n.name, n.op) for n in graph.nodes
-                   if n.op not in OPS or n.domain not in ("", "ai.onnx")]
+    unsupported = unsupported_nodes(graph)
     if unsupported:
         raise UnsupportedOperatorError(unsupported)
     env: dict[str, np.ndarray] = {}
@@ -1238,6 +1255,7 @@ def run_reference(graph: Graph, feeds: dict[str, np.ndarray],
                 last_use[i] = k
     keep = set(graph.outputs)
     token = _OPSET.set(graph.opset)
+    dtoken = _DOMAIN_OPSETS.set(graph.domain_opsets)
     try:
         for k, n in enumerate(graph.nodes):
             ins = [env[i] if i else None for i in n.inputs]
@@ -1252,6 +1270,7 @@ def run_reference(graph: Graph, feeds: dict[str, np.ndarray],
                         env.pop(i, None)
     finally:
         _OPSET.reset(token)
+        _DOMAIN_OPSETS.reset(dtoken)
     if keep_all:
         return env
     return {o: env[o] for o in graph.outputs}

@@ -187,8 +187,11 @@ def graph_to_onnx(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
                   if o and o not in io and o in graph.tensors]
     g = helper.make_graph(proto_nodes, graph.name or "graph", inputs, outputs, inits,
                           value_info=value_info)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
-                              producer_name="tensorplan")
+    from .ort_node import domain_opset
+    domains = sorted({n.domain for n in nodes if n.domain and n.domain != "ai.onnx"})
+    imports = [helper.make_opsetid("", opset)] + [
+        helper.make_opsetid(d, domain_opset(d, opset, graph.domain_opsets)) for d in domains]
+    model = helper.make_model(g, opset_imports=imports, producer_name="tensorplan")
     model.ir_version = IR_VERSION
     return model
 

@@ -29,13 +29,25 @@ _BIG = 1 << 20
 def torch_to_onnx(module: torch.nn.Module, example_inputs: tuple, opset: int,
                   input_names: list[str], output_names: list[str]) -> onnx.ModelProto:
     """Export with the TorchScript exporter (`dynamo=False`): it supports opsets 7..22 natively,
-    so the requested opset is the emitted one, and at opset < 17 it decomposes LayerNorm/GELU."""
+    so the requested opset is the emitted one, and at opset < 17 it decomposes LayerNorm/GELU.
+
+    nn.MultiheadAttention / TransformerEncoderLayer take a fused "fast path" in eval mode that has no
+    ONNX export; it is switched off for the export (same math, exported as MatMul/Softmax). The
+    exporter's dump of the whole TorchScript graph on failure is silenced: the error says enough."""
     buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, example_inputs, buf, dynamo=False, opset_version=opset,
-                          do_constant_folding=True, input_names=input_names,
-                          output_names=output_names)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    onnx_log = torch._C._jit_onnx_log          # writes the graph dump whether logging is on or not
+    try:
+        torch.backends.mha.set_fastpath_enabled(False)
+        torch._C._jit_onnx_log = lambda *a: None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, example_inputs, buf, dynamo=False, opset_version=opset,
+                              do_constant_folding=True, input_names=input_names,
+                              output_names=output_names)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        torch._C._jit_onnx_log = onnx_log
     return onnx.load_from_string(buf.getvalue())
 
 

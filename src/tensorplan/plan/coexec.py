@@ -619,7 +619,7 @@ def plan_graph(graph: Graph, cost: CoexecCost, method: str = "greedy", dims: Seq
     """Extract the partitionable ops of `graph` and plan them."""
     ops = extract_ops(graph)
     if not ops:
-        raise PlanError(f"graph '{graph.name}' has no partitionable Conv/Pool/FC operator")
+        raise PlanError(f"graph '{graph.name}' has no partitionable Conv/Pool/FC operator at batch 1")
     return ops, plan_ops([o.shape for o in ops], cost, chain_links(graph, ops), method, dims)
 
 

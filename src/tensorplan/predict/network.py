@@ -135,7 +135,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     from ..graph.load import resolve_model
     from .dataset import init_pool, time_module
     from .features import compact_ast
-    from .tasks import network_tasks, task_io_of
+    from .tasks import network_tasks_and_gaps, task_io_of
 
     dom = resolve_domain(device)
     threads = local_threads(dom) if measure else None
@@ -170,7 +170,10 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         log(f"warning: {warning}")
     path, name = resolve_model(model)
     t0 = time.perf_counter()
-    tasks = network_tasks(path, name)
+    tasks, gaps = network_tasks_and_gaps(path, name)
+    if gaps and log:
+        log("not predicted (no TIR kernel after TVM's fusion; their time is not in the total): "
+            + ", ".join(f"{op.removeprefix('relax.')} x{n}" for op, n in sorted(gaps.items())))
     if not tasks:
         raise TensorplanError(f"model '{model}': no fused kernels found")
     asts, how, ios, mods, sample = [], [], [], [], []
@@ -204,7 +207,8 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     out = {"model": name, "device": device, "domain": dom, "kind": "gpu" if is_gpu else "cpu",
            "trained_on": known, "warning": warning, "predictor": type(est).__name__,
            "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
-           "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1}
+           "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1,
+           "not_predicted": gaps}
     if logs is not None:   # the whole model as each member alone predicts it: a range for the total
         calls = np.array([k["calls"] for k in kernels], np.float64)
         out["member_total_ms"] = (np.exp(logs) @ calls * 1e3).tolist()

@@ -75,8 +75,39 @@ def _call_counts(mod) -> dict[str, int]:
     return counts
 
 
+_BOOKKEEPING_OPS = frozenset({"relax.call_tir", "relax.call_tir_inplace", "relax.call_tir_with_grad"})
+
+
+def _uncovered_ops(mod) -> dict[str, int]:
+    """Relax operators left outside any PrimFunc after fusion (TopK, NMS, sorting, external
+    calls): kernels that have no TIR program to featurise, so a prediction leaves them out."""
+    import tvm
+    from tvm import relax
+    out: dict[str, int] = {}
+    for _, f in mod.functions.items():
+        if not isinstance(f, relax.Function):
+            continue
+
+        def visit(e):
+            if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name not in _BOOKKEEPING_OPS:
+                name = e.op.name
+                if name == "relax.call_dps_packed" and e.args and isinstance(e.args[0], relax.ExternFunc):
+                    name = f"extern {e.args[0].global_symbol}"
+                out[name] = out.get(name, 0) + 1
+            elif isinstance(e, relax.Call) and isinstance(e.op, relax.ExternFunc):
+                name = f"extern {e.op.global_symbol}"
+                out[name] = out.get(name, 0) + 1
+        relax.analysis.post_order_visit(f.body, visit)
+    return out
+
+
 def network_tasks(onnx_path: str | Path, network: str) -> list[Task]:
     """Import an ONNX model with TVM Relax, fuse it, and return its fused PrimFuncs as tasks."""
+    return network_tasks_and_gaps(onnx_path, network)[0]
+
+
+def network_tasks_and_gaps(onnx_path: str | Path, network: str) -> tuple[list[Task], dict[str, int]]:
+    """`network_tasks` plus the operators no task covers (`_uncovered_ops`: op -> calls)."""
     import onnx
     import tvm
     from tvm import tirx
@@ -107,7 +138,7 @@ def network_tasks(onnx_path: str | Path, network: str) -> list[Task]:
             t = out[key] = Task(key=key, name=re.sub(r"\d+$", "", gv.name_hint) or gv.name_hint,
                                 mod=tvm.IRModule({"main": func}), flops=fl)
         t.networks[network] = t.networks.get(network, 0) + n
-    return list(out.values())
+    return list(out.values()), _uncovered_ops(fused)
 
 
 def extract_tasks(networks: Iterable[str] = DEFAULT_NETWORKS, *, opset: int = 17,

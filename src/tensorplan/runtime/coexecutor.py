@@ -1054,7 +1054,7 @@ def coexec_model(spec: str, method: str = "greedy", data_dir=None, repeats: int 
     graph = load_model(spec)
     ops = extract_ops(graph)
     if not ops:
-        raise TensorplanError(f"model '{spec}' has no partitionable Conv/Pool/FC operator")
+        raise TensorplanError(f"model '{spec}' has no partitionable Conv/Pool/FC operator at batch 1")
     with ProcessPair() as pair:
         cost = fit_local_cost(data_dir, pair)
         plan = plan_ops([o.shape for o in ops], cost, chain_links(graph, ops), method)

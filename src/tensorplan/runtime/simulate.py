@@ -317,6 +317,9 @@ def plan_for(system: str, graph: Graph, model: SocModel, seed: int = 0, delta: f
     """(ops, plan, execution options) of a system on a SoC."""
     prof = model.prof
     ops = extract_ops(graph)
+    if not ops:
+        raise TensorplanError(f"model '{graph.name}' has no partitionable Conv/Pool/FC operator at batch 1: nothing for "
+                              "CoDL to split between CPU and GPU")
     shapes = [o.shape for o in ops]
     links = chain_links(graph, ops)
     image = prof.get("image", True)

@@ -121,7 +121,10 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
             cands["inductor"] = whole_graph_inductor(plan, prim, threads=threads)
         except Exception as e:  # noqa: BLE001 - a graph Inductor cannot build is simply no finalist
             if log:
-                log(f"race: no Inductor finalist ({type(e).__name__}: {str(e)[:200]})")
+                from ..errors import UnsupportedOperatorError
+                why = (f"{type(e).__name__}: {str(e)[:200]}" if not isinstance(e, UnsupportedOperatorError) else
+                       "no PyTorch rule for " + ", ".join(f"{op} (node '{name}')" for name, op in e.ops[:5]))
+                log(f"race: no Inductor finalist ({why})")
     if len(cands) == 1:
         return plan, None
     if feeds is None:
