@@ -118,3 +118,25 @@ def test_unbuildable_backend_falls_back_with_a_note():
     y = ex.run({"x": x})["y"]
     ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fp16_model_is_checked_at_fp16_precision(tmp_path):
+    """A half-precision model: its outputs differ from ONNX Runtime's by rounding (~5e-4), above the fp32
+    bar of 1e-4, which rejects it; the check uses 8 fp16 epsilons (7.8e-3)."""
+    import torch
+    from tensorplan.graph.from_torch import from_torch
+    from tensorplan.graph.load import load_model
+    from tensorplan.graph.reference import default_tolerance
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU()).eval().half()
+    path = from_torch(net, (torch.randn(1, 3, 32, 32).half(),), name="half_net", path=tmp_path / "half.onnx")
+    g = load_model(str(path))
+    assert g.tensors[g.outputs[0]].dtype == "float16"
+    assert default_tolerance(g) == pytest.approx(8 * 2.0 ** -10)
+    plan = orchestrate(str(path), cost="analytical", time_limit=20)
+    res = run_plan(plan, repeats=3)
+    assert res.ok and 0 < res.max_rel_err <= res.tol == default_tolerance(g), (res.max_rel_err, res.tol)
+    res32 = run_plan(plan, repeats=3, tol=1e-4)
+    assert res32.max_rel_err > 1e-4 and not res32.ok     # rounding alone fails the fp32 bar

@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         ok = "[green]agree[/]" if rep.agree else "[red]DISAGREE[/]"
         con.print(f"ONNX Runtime median {rep.ort_median_ms:.2f} ms (CoV {rep.ort_cov:.1%}); "
                   f"reference executor {rep.reference_ms:.1f} ms; max rel. error "
-                  f"{rep.max_rel_error:.2e} → {ok} (tolerance 1e-4)")
+                  f"{rep.max_rel_error:.2e} → {ok} (tolerance {rep.tolerance:.0e})")
         t = Table(title="ONNX Runtime time per operator type (per inference)")
         for col in ("op", "nodes", "ms", "share"):
             t.add_column(col, justify="right" if col != "op" else "left")

@@ -145,17 +145,18 @@ def op_summary(graph: Graph) -> dict[str, dict[str, int]]:
 
 
 def check_against_ort(graph: Graph, onnx_model=None, seed: int = 0, threads: int = 2,
-                      tol: float = 1e-4) -> dict:
+                      tol: float | None = None) -> dict:
     """Run the reference executor and ONNX Runtime on the same random inputs.
 
     `onnx_model` (path or ModelProto) is the original file; without it the graph
     is exported with `graph_to_onnx`. Returns per-output relative errors
-    (max|ref-ort| / max(max|ort|, eps)) and `passed` at `tol`."""
+    (max|ref-ort| / max(max|ort|, eps)) and `passed` at `tol` (default: `default_tolerance`)."""
     import onnx
 
-    from .reference import random_feeds, rel_error, run_reference
+    from .reference import default_tolerance, random_feeds, rel_error, run_reference
     from .to_onnx import run_onnxruntime
 
+    tol = default_tolerance(graph) if tol is None else tol
     feeds = random_feeds(graph, seed)
     ref = run_reference(graph, feeds)
     model = onnx_model if onnx_model is not None else graph

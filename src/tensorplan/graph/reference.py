@@ -49,6 +49,20 @@ def register(*names: str) -> Callable[[OpFn], OpFn]:
     return deco
 
 
+FP32_TOLERANCE = 1e-4
+
+
+def default_tolerance(graph: Graph) -> float:
+    """Relative-error bar for `graph`'s outputs against ONNX Runtime: 1e-4 for fp32 and wider, 8
+    machine epsilons for narrower floats (fp16 7.8e-3, bf16 6.3e-2), where rounding alone passes 1e-4."""
+    tol = FP32_TOLERANCE
+    for o in graph.outputs:
+        t = graph.tensors.get(o)
+        if t is not None and t.dtype in ("float16", "bfloat16"):
+            tol = max(tol, 8 * (2.0 ** -10 if t.dtype == "float16" else 2.0 ** -7))
+    return tol
+
+
 def rel_error(a: np.ndarray, b: np.ndarray, eps: float = 1e-6) -> float:
     """max|a-b| / max(max|b|, eps): scale-free, robust to outputs near zero.
 

@@ -247,6 +247,7 @@ class RunResult:
     outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     kernel_sum_s: float | None = None
     errors: dict[str, float] = field(default_factory=dict)
+    tol: float | None = None
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "outputs"}
@@ -273,13 +274,15 @@ def ort_reference(plan: Plan, feeds: dict[str, np.ndarray], threads: int = 2) ->
 
 def run_plan(plan: str | Path | Plan | dict, feeds: dict[str, np.ndarray] | None = None, check: bool = True,
              repeats: int | None = None, threads: int = 2, budget_s: float = 2.0, prim: Graph | None = None,
-             kernel_times: bool = False, tol: float = 1e-4, progress: bool = False) -> RunResult:
+             kernel_times: bool = False, tol: float | None = None, progress: bool = False) -> RunResult:
     """Compile and run a plan, time it (median), and check its outputs against ONNX Runtime on the
-    original model (max relative error <= `tol`). `repeats` fixes the number of timed runs."""
-    from ..graph.reference import random_feeds, rel_error
+    original model (max relative error <= `tol`, default `default_tolerance`: 1e-4 for fp32).
+    `repeats` fixes the number of timed runs."""
+    from ..graph.reference import default_tolerance, random_feeds, rel_error
     from ..measure.timer import measure, pinned_threads
     p = _load_plan(plan)
     prim = prim if prim is not None else p.primitive_graph()
+    tol = default_tolerance(prim) if tol is None else tol
     from .torch_runner import is_torch_plan, run_torch_plan
     if is_torch_plan(p):  # kernels chosen on a torch device (a GPU): PyTorch-built, one CUDA graph
         return run_torch_plan(p, prim, feeds if feeds is not None else random_feeds(prim, seed=0), check=check,
@@ -305,7 +308,7 @@ def run_plan(plan: str | Path | Plan | dict, feeds: dict[str, np.ndarray] | None
         ok = max_err is not None and max_err <= tol
     fallbacks = [f"{s.kernel.id}: {n}" for s in ex.slots for n in s.notes]
     return RunResult(model=str(p.source.get("model")), kernels=len(ex.slots), median_s=tm.median_s,
-                     timing=tm.to_dict(), predicted_s=p.predicted_s, max_rel_err=max_err, ok=ok,
+                     timing=tm.to_dict(), predicted_s=p.predicted_s, max_rel_err=max_err, ok=ok, tol=tol,
                      backends=ex.backend_counts(), compile_s=ex.compile_s, arena_bytes=ex.arena_bytes,
                      fallbacks=fallbacks, outputs=outs, kernel_sum_s=ksum, errors=errors)
 

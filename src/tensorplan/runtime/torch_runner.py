@@ -141,7 +141,7 @@ def run_torch_plan(plan: Plan, prim: Graph, feeds: dict[str, np.ndarray], *, che
     return RunResult(model=str(plan.source.get("model")), kernels=len(plan.kernels), median_s=tm.median_s,
                      timing=tm.to_dict(), predicted_s=plan.predicted_s, max_rel_err=max_err, ok=ok,
                      backends=backends, compile_s=r.build_s, arena_bytes=0,
-                     fallbacks=[], outputs=outs, kernel_sum_s=None, errors=errors)
+                     fallbacks=[], outputs=outs, kernel_sum_s=None, errors=errors, tol=tol)
 
 
 __all__ = ["TorchPlanRunner", "is_torch_plan", "run_torch_plan"]

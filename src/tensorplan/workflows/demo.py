@@ -37,6 +37,7 @@ class DemoReport:
     reference_ms: float
     max_rel_error: float
     agree: bool
+    tolerance: float = 1e-4      # graph.reference.default_tolerance: wider for fp16/bf16 outputs
     per_op: list[OpTiming] = field(default_factory=list)
     plan: dict | None = None  # the orchestrated plan's summary, when `orchestrate=True`
 
@@ -136,9 +137,10 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
         ref_s = time.perf_counter() - t1
     per_op = ort_per_op_profile(path, feeds, threads)
 
-    from ..graph.reference import rel_error
+    from ..graph.reference import default_tolerance, rel_error
 
     err = max(rel_error(ref_out[name], want) for name, want in ort_out.items())
+    tol = default_tolerance(graph)
     plan_summary = None
     if orchestrate:
         plan_summary = _orchestrate_and_race(model, opset, threads, path_for_ort=path,
@@ -149,7 +151,7 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
         model=model, nodes=len(graph.nodes), params=graph.num_parameters(),
         gflops=graph_flops(graph) / 1e9, import_s=import_s, device=device.to_dict(),
         ort_median_ms=ort_t.median_s * 1e3, ort_cov=ort_t.cov, reference_ms=ref_s * 1e3,
-        max_rel_error=err, agree=err <= 1e-4, per_op=per_op, plan=plan_summary)
+        max_rel_error=err, agree=err <= tol, tolerance=tol, per_op=per_op, plan=plan_summary)
 
 
 def _torch_compiled(model: str, opset: int, args: list[np.ndarray], log) -> tuple:
@@ -187,7 +189,7 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
     ONNX Runtime on the original model, interleaved."""
     import onnxruntime as ort
 
-    from ..graph.reference import rel_error
+    from ..graph.reference import default_tolerance, rel_error
     from ..measure.timer import pinned_threads
     from ..runtime.executor import PlanExecutor
     from .race import orchestrate_raced
@@ -212,6 +214,7 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
             runners["torch.compile"] = tc_run
         timings = interleaved_medians(runners)
     err = max(rel_error(outs[o], ref[o]) for o in prim.outputs if o in ref)
+    tol = default_tolerance(prim)
     t_ort, t_plan = timings["onnxruntime"], timings["tensorplan"]
     op_of = {n.name: n.op for n in prim.nodes}
     kernel_list = []
@@ -231,7 +234,7 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
                                "cov": timings["torch.compile"].cov, "compile_s": tc_s,
                                "speedup": timings["torch.compile"].median_s / t_plan.median_s}
                               if tc_run is not None else {"skipped": tc_why}),
-            "max_rel_error": err, "agree": err <= 1e-4,
+            "max_rel_error": err, "agree": err <= tol, "tolerance": tol,
             "rounds_ms": {n: [v * 1e3 for v in t.repeats] for n, t in timings.items()},
             "rewrites": dict(Counter(r for r, _ in plan.source.get("rewrites", []))),
             "race": plan.stats.get("race"), "saved": saved,

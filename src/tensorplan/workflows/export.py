@@ -83,16 +83,17 @@ def _plan_relation(plan, source_nodes: set[str]) -> tuple[bool, str, dict[str, i
                    "does not carry; `tensorplan run PLAN` runs the plan itself"), outside, {"spinning": spinning}
 
 
-def export_onnx(target: str | Path, out: str | Path, *, threads: int = 2, check: bool = True, tol: float = 1e-4,
+def export_onnx(target: str | Path, out: str | Path, *, threads: int = 2, check: bool = True, tol: float | None = None,
                 rounds: int = 15, opset: int = 17, input_shapes: dict[str, tuple[int, ...]] | None = None,
                 spinning: bool | None = None, log: Callable[[str], None] | None = None) -> ExportResult:
     """Write `target` (a plan JSON from `tensorplan orchestrate`, or a model spec: its exact rewrites
     only) to `out` as one ONNX model; check it against ONNX Runtime on the original model
-    (`check`, max relative error <= `tol`) and time both in ONNX Runtime, interleaved, for `rounds`
+    (`check`, max relative error <= `tol`, default `default_tolerance`) and time both in ONNX Runtime, interleaved, for `rounds`
     rounds (0: no timing). Both sessions get `threads` intra-op threads and the plan's spinning
     choice (`spinning` overrides it)."""
     from ..graph.analysis import graph_flops
     from ..graph.load import load_model, resolve_model_path
+    from ..graph.reference import default_tolerance
     from ..graph.to_onnx import graph_to_onnx
     from ..paths import atomic_write
     from ..plan.plan import Plan
@@ -151,7 +152,7 @@ def export_onnx(target: str | Path, out: str | Path, *, threads: int = 2, check:
                        relation=relation, kernels=len(plan.kernels) if plan is not None else 0,
                        outside_ort=outside, rewrites=rewrites, nodes=(len(original.nodes), len(graph.nodes)),
                        gflop=(graph_flops(original) / 1e9, graph_flops(graph) / 1e9), bytes=len(data),
-                       session=session, tol=tol)
+                       session=session, tol=default_tolerance(original) if tol is None else tol)
     if check or rounds > 0:
         _check_and_time(res, resolve_model_path(spec, opset), model, original, threads, sess_opts["spinning"],
                         check, rounds, say)

@@ -113,7 +113,7 @@ def demo_report_html(rep: "DemoReport") -> str:
                             f"{d.get('mem_bw_gbs', 0):.1f} GB/s (measured)"],
                  ["ONNX Runtime", f"{rep.ort_median_ms:.3f} ms (CoV {rep.ort_cov:.1%})"],
                  ["reference executor vs ONNX Runtime", f"max rel. error {rep.max_rel_error:.2e}"]]),
-             f"<p>Reference executor vs ONNX Runtime: {ok} (tolerance 1e-4).</p>"]
+             f"<p>Reference executor vs ONNX Runtime: {ok} (tolerance {rep.tolerance:.0e}).</p>"]
     if p:
         pok = '<span class="ok">agree</span>' if p["agree"] else '<span class="bad">DISAGREE</span>'
         tc = p.get("torch_compile") or {}
