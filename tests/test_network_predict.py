@@ -98,3 +98,21 @@ def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
         p = est.save(tmp_path / f"{name}.pt")
         r = predict_network("tiny-mlp", device="local-1t", weights=str(p))
         assert (r["warning"] is not None and "learnt 'local-1t' on another machine" in r["warning"]) == warned
+
+
+def test_a_dynamic_model_needs_its_shapes_and_then_predicts_static_kernels(tmp_path):
+    """A model exported with symbolic batch/height/width: without shapes, one error naming the input
+    (not kernels with symbolic bounds predicted as ~0); with `input_shapes`, bigger inputs cost more."""
+    import torch
+    from torch import nn
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                        nn.Linear(8, 4)).eval()
+    path = tmp_path / "dyn.onnx"
+    torch.onnx.export(net, (torch.randn(1, 3, 32, 32),), str(path), dynamo=False, input_names=["img"],
+                      output_names=["out"], dynamic_axes={"img": {0: "batch", 2: "h", 3: "w"}}, opset_version=17)
+    with pytest.raises(TensorplanError, match="img.*symbolic dimension.*--input-shape"):
+        predict_network(str(path))
+    small = predict_network(str(path), input_shapes={"img": (1, 3, 32, 32)})
+    big = predict_network(str(path), input_shapes={"img": (1, 3, 128, 128)})
+    assert 0 < small["total_ms"] < big["total_ms"]
+    assert small["n_kernels"] >= 2 and not small["not_predicted"]

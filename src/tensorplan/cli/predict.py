@@ -93,13 +93,17 @@ def register(app: typer.Typer) -> None:
                                      "(same schedule) and compare; 'local' devices only."),
         shipped: bool = typer.Option(False, "--shipped", help="Ignore this machine's `tensorplan calibrate` "
                                      "model and predict with the shipped one."),
+        input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=D1,D2,... (repeatable): static "
+                                              "shapes for a model with symbolic dimensions."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Predict per-kernel and whole-model latency of a network with CDMPP (--measure: and check it)."""
+        from ..graph.onnx_import import parse_input_shapes
         from ..predict.network import predict_network
 
         r = predict_network(model, device=device, weights=weights, log=None if json_out else _log,
-                            measure=measure, progress=not json_out, calibrated=not shipped)
+                            measure=measure, progress=not json_out, calibrated=not shipped,
+                            input_shapes=parse_input_shapes(input_shape) or None)
         if json_out:
             print(_dump(r))
             return

@@ -122,14 +122,41 @@ def measured_summary(kernels: list[dict]) -> dict:
     return out
 
 
+def static_onnx(path: Path, name: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
+    """`path` itself when its inputs have static shapes and none are given; otherwise the model
+    imported with `input_shapes` (a symbolic dimension left open is one clear error naming it) and
+    written back as a static ONNX file in the cache, which TVM's frontend then sees (a dynamic model
+    would give kernels with symbolic loop bounds, which no latency model can time)."""
+    import hashlib
+
+    import onnx
+
+    from ..graph.onnx_import import import_onnx
+    from ..graph.to_onnx import graph_to_onnx
+    from ..paths import atomic_write, cache_dir
+    proto = onnx.load(str(path), load_external_data=False)
+    inits = {t.name for t in proto.graph.initializer}
+    dynamic = any(d.dim_value <= 0 for i in proto.graph.input if i.name not in inits
+                  for d in i.type.tensor_type.shape.dim)
+    if not dynamic and not input_shapes:
+        return path
+    data = graph_to_onnx(import_onnx(path, input_shapes, name=name)).SerializeToString()
+    out = cache_dir() / "static" / f"{name}-{hashlib.sha256(data).hexdigest()[:12]}.onnx"
+    if not out.exists():
+        atomic_write(out, data)
+    return out
+
+
 def predict_network(model: str, device: str = "local", weights: str | Path | None = None,
                     log: Callable[[str], None] | None = None, measure: bool = False,
-                    progress: bool = False, calibrated: bool = True) -> dict:
+                    progress: bool = False, calibrated: bool = True,
+                    input_shapes: dict[str, tuple[int, ...]] | None = None) -> dict:
     """MODEL (ONNX path or zoo name) -> fused tasks -> default schedule -> features -> latency.
 
     `measure`: also compile and time each kernel's program here (`local` domains only) and report
     prediction vs measurement (`measured_summary`, key "measured"). `calibrated`: for this machine's
-    domains, use the model `tensorplan calibrate` fitted here when there is one (and no `weights`)."""
+    domains, use the model `tensorplan calibrate` fitted here when there is one (and no `weights`).
+    `input_shapes` fixes the symbolic dimensions of a dynamic model (as `--input-shape` elsewhere)."""
     import tvm
 
     from ..graph.load import resolve_model
@@ -169,6 +196,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     if warning and log:
         log(f"warning: {warning}")
     path, name = resolve_model(model)
+    path = static_onnx(path, name, input_shapes)
     t0 = time.perf_counter()
     tasks, gaps = network_tasks_and_gaps(path, name)
     if gaps and log:
