@@ -140,3 +140,41 @@ def test_predict_names_operators_left_outside_every_kernel(tmp_path):
     tasks, gaps = network_tasks_and_gaps(p, "topk")
     assert gaps == {"relax.topk": 1}
     assert tasks and all("topk" not in t.name for t in tasks)
+
+
+@pytest.mark.parametrize("fmt", ["dynamic", "qoperator"])
+def test_int8_quantized_model_plans_with_regions_and_matches_onnxruntime(tmp_path, fmt):
+    """ONNX Runtime's own quantizer on a zoo model: ConvInteger/MatMulInteger/DynamicQuantizeLinear
+    (dynamic) or QLinearConv/QGemm/com.microsoft QLinearGlobalAveragePool (QOperator) are foreign
+    nodes; quantized convolutions still cut regions, so the plan may keep ONNX Runtime's fused session."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+
+    from tensorplan.graph.load import resolve_model_path
+    from tensorplan.plan import orchestrate
+    from tensorplan.plan.regions import enumerate_regions
+    from tensorplan.graph.fission import fission
+    from tensorplan.runtime.executor import run_plan
+    src = str(resolve_model_path("tiny-cnn"))
+    out = tmp_path / f"q_{fmt}.onnx"
+    if fmt == "dynamic":
+        quantize_dynamic(src, str(out), weight_type=QuantType.QInt8)
+    else:
+        g0 = load_model(src)
+        name, shape = g0.inputs[0], g0.tensors[g0.inputs[0]].shape
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self.left = [{name: np.random.default_rng(k).standard_normal(shape).astype(np.float32)}
+                             for k in range(4)]
+
+            def get_next(self):
+                return self.left.pop() if self.left else None
+        quantize_static(src, str(out), Reader(), quant_format=QuantFormat.QOperator)
+    g = load_model(str(out))
+    ops = {n.op for n in g.nodes}
+    assert ops & {"ConvInteger", "QLinearConv"}
+    assert enumerate_regions(g, fission(g), 0)              # quantized convolutions cut regions
+    plan = orchestrate(str(out), cost="analytical", time_limit=20)
+    res = run_plan(plan, repeats=3)
+    assert res.ok and res.max_rel_err <= 1e-4, (res.max_rel_err, res.fallbacks)

@@ -112,7 +112,7 @@ def run_foreign(node: Node, inputs: list, opset: int, domain_opsets: dict[str, i
             _SESSIONS.pop(next(iter(_SESSIONS)))
         entry = _SESSIONS[key] = (sess, in_names, out_names)
     sess, in_names, out_names = entry
-    feeds = dict(zip(in_names, (np.ascontiguousarray(v) for v in inputs if v is not None)))
+    feeds = dict(zip(in_names, (np.asarray(v, order="C") for v in inputs if v is not None)))
     try:
         res = iter(sess.run(out_names, feeds))
     except Exception as e:

@@ -36,6 +36,18 @@ KIND = "region"
 NORM_OPS = frozenset({"InstanceNormalization", "LayerNormalization", "GroupNormalization", "Softmax",
                       "LogSoftmax"})
 
+#: Quantized (int8) convolutions and matrix products: opaque to fission (ONNX Runtime runs them one
+#: by one), but linear operators for cutting regions, so a quantized model gets region candidates
+#: (ONNX Runtime fuses their QuantizeLinear/DequantizeLinear neighbours inside a session).
+QUANTIZED_LINEAR_OPS = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm",
+                                  "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
+                                  "DynamicQuantizeLSTM"})
+
+
+def is_linear(op: str) -> bool:
+    """Whether `op` cuts segments: fission's linear category or a quantized linear operator."""
+    return category(op) == "linear" or op in QUANTIZED_LINEAR_OPS
+
 
 def segments(orig: Graph) -> list[list[str]]:
     """Original node names in topological order, cut before every linear operator and before
@@ -45,7 +57,7 @@ def segments(orig: Graph) -> list[list[str]]:
     cur: list[str] = []
     has_linear = has_norm = False
     for n in orig.nodes:
-        lin = category(n.op) == "linear"
+        lin = is_linear(n.op)
         norm = n.op in NORM_OPS
         if (lin and (has_linear or has_norm)) or (norm and has_linear):
             segs.append(cur)
@@ -96,7 +108,7 @@ def enumerate_regions(orig: Graph, fr: FissionResult, start_id: int, max_segment
     seen: set[frozenset] = set()
     for a, b in intervals(len(segs), max_segments):
         onodes = [x for s in segs[a:b] for x in s]
-        if sum(1 for x in onodes if category(oby[x].op) == "linear") < min_linear:
+        if sum(1 for x in onodes if is_linear(oby[x].op)) < min_linear:
             continue
         pnodes = sorted({p for x in onodes for p in by_origin.get(x, ())}, key=ppos.__getitem__)
         key = frozenset(pnodes)

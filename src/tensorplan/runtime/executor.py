@@ -50,7 +50,7 @@ def reference_kernel(sub: Graph, name: str):
         def call():
             res = run_reference(sub, {n: t.numpy() for n, t in zip(ins, inputs)})
             for o, t in zip(outs, outputs):
-                t.copy_(torch.from_numpy(np.ascontiguousarray(res[o])))
+                t.copy_(torch.from_numpy(np.asarray(res[o], order="C")))
         return call
     return VendorKernel(name=name, backend="reference", input_names=ins, output_names=outs,
                         output_shapes=[tuple(sub.tensors[o].shape) for o in outs],
@@ -194,7 +194,7 @@ class PlanExecutor:
                 raise TensorplanError(f"missing feed for graph input '{name}' "
                                       f"(shape {self.prim.tensors[name].shape})")
             v = feeds[name]
-            src = torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+            src = torch.from_numpy(np.asarray(v, order="C")) if isinstance(v, np.ndarray) else v
             dst = self.tensors[name]
             if tuple(src.shape) != tuple(dst.shape):
                 raise TensorplanError(f"feed '{name}' has shape {tuple(src.shape)}, the plan expects "
