@@ -82,6 +82,21 @@ def test_a_gpu_is_predicted_from_cuda_programs_with_the_shipped_h100_model():
         predict_network("tiny-cnn", device="h100", weights=str(SHIPPED_GPU_MODEL.with_name("cdmpp-local.pt")))
     with pytest.raises(TensorplanError, match="no CUDA target tag"):
         predict_network("tiny-cnn", device="sd855-gpu")
+    # the catalog's h100-sxm is the H100 the model learnt (same device vector): no zero-shot warning
+    sxm = predict_network("tiny-cnn", device="h100-sxm")
+    assert sxm["same_device_as"] == "h100" and sxm["warning"] is None
+    assert sxm["total_ms"] == pytest.approx(r["total_ms"])
+    pcie = predict_network("tiny-cnn", device="h100-pcie")
+    assert pcie["same_device_as"] is None and "zero-shot" in pcie["warning"]
+
+
+def test_big_convolutions_get_a_valid_cuda_schedule():
+    """resnet-50's 3x3 convolutions need up to ~100 draws before the CUDA postprocessors accept one;
+    with too few draws they fell back to the plain loop nest (no thread binding) and were predicted
+    at 5-20 ms each."""
+    r = predict_network("resnet-50", device="h100")
+    assert r["unscheduled"] == []
+    assert all(k["schedule"].startswith("meta-schedule sample") for k in r["kernels"])
 
 
 def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):

@@ -55,6 +55,7 @@ def default_task_schedule(task, target=None, tries: int = 8):
 
 
 SHIPPED_GPU_MODEL = SHIPPED_MODEL.with_name("cdmpp-h100.pt")
+GPU_SAMPLE_TRIES = 8 * 24   # gpu_dataset.sample_programs: programs_per_task x tries_per_program
 
 
 def domain_kind(domain: str) -> str:
@@ -183,16 +184,24 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
                               "(docs/cdmpp.md). Leave out --weights to use the shipped H100 model, or train one on "
                               "GPU data: tensorplan train --data data/cdmpp-h100")
     warning = None
-    learnt = (getattr(est, "domain_features_", None) or {}).get(dom)
+    learnt_all = getattr(est, "domain_features_", None) or {}
+    learnt = learnt_all.get(dom)
+    here = device_features(dom) if learnt is None and learnt_all else None
+    # a catalog name for hardware the model learnt under another name (h100-sxm is the 'h100' measured)
+    same_as = next((d for d, v in learnt_all.items() if here is not None and np.allclose(v, here, rtol=0.05)), None)
     if learnt is not None and not np.allclose(learnt, device_features(dom), rtol=0.05):
         warning = (f"zero-shot: the model learnt '{dom}' on another machine (its device vector differs from what "
                    f"'{dom}' resolves to here); on a new CPU such predictions were off by 40-70 % (MAPE) in "
                    "docs/cdmpp.md. Run `tensorplan calibrate` here (minutes) and predict again.")
-    elif known and dom not in known:
-        warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'; on a new device "
-                   "such predictions were off by 40-70 % (MAPE, held-out CPUs) in docs/cdmpp.md. "
-                   + ("Run `tensorplan calibrate` on that machine." if not is_gpu else
-                      "Measure a few thousand programs there (tensorplan dataset measure-gpu) and train on them."))
+    elif known and dom not in known and same_as is None:
+        warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'; "
+                   + ("on a new CPU such predictions were off by 40-70 % (MAPE, held-out CPUs) in docs/cdmpp.md. "
+                      "Run `tensorplan calibrate` on that machine." if not is_gpu else
+                      "with one GPU learnt, the device vector barely moves its predictions, so expect the learnt "
+                      "GPU's latencies, not this one's. Measure a few thousand programs there (tensorplan dataset "
+                      "measure-gpu) and train on them."))
+    if same_as and log:
+        log(f"'{dom}' has the device vector of '{same_as}', which the model learnt: predicting it as '{same_as}'")
     if warning and log:
         log(f"warning: {warning}")
     path, name = resolve_model(model)
@@ -208,7 +217,9 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     with progress_bar("schedule + featurize", len(tasks), progress) as advance:
         target = gpu_target(dom) if is_gpu else None
         for t in tasks:
-            mod, h, i = default_task_schedule(t, target, tries=24 if is_gpu else 8)  # as many as the GPU sampler
+            # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
+            # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
+            mod, h, i = default_task_schedule(t, target, tries=GPU_SAMPLE_TRIES if is_gpu else 8)
             sample.append(i)
             asts.append(compact_ast(mod, is_gpu=is_gpu))
             ios.append(task_io_of(mod))
@@ -232,10 +243,14 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         if spread is not None:
             kernels[-1]["log_spread"] = float(spread[i])
     total = sum(k["total_us"] for k in kernels)
+    unscheduled = [k["task"] for k in kernels if k["schedule"] == "unscheduled"]
+    if unscheduled and is_gpu and log:   # a loop nest without thread binding is no CUDA program at all
+        log(f"warning: no valid CUDA schedule in {GPU_SAMPLE_TRIES} draws for {', '.join(unscheduled[:5])}"
+            f"{' ...' if len(unscheduled) > 5 else ''}: predicted from the plain loop nest, not a GPU program")
     out = {"model": name, "device": device, "domain": dom, "kind": "gpu" if is_gpu else "cpu",
-           "trained_on": known, "warning": warning, "predictor": type(est).__name__,
+           "trained_on": known, "warning": warning, "same_device_as": same_as, "predictor": type(est).__name__,
            "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
-           "n_kernels": len(kernels), "featurize_s": t1 - t0, "predict_s": t2 - t1,
+           "n_kernels": len(kernels), "unscheduled": unscheduled, "featurize_s": t1 - t0, "predict_s": t2 - t1,
            "not_predicted": gaps}
     if logs is not None:   # the whole model as each member alone predicts it: a range for the total
         calls = np.array([k["calls"] for k in kernels], np.float64)
