@@ -42,6 +42,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-by-network-summary", [PY, "bench/cdmpp_by_network.py", "--summary"], 0.1),
     ("cdmpp-predict-check", [PY, "bench/cdmpp_predict_check.py", "--calibrate"], 25),
     ("cdmpp-predict-check-summary", [PY, "bench/cdmpp_predict_check.py", "--summary"], 0.1),
+    ("cdmpp-gpu-predict-check", [PY, "bench/cdmpp_gpu_predict_check.py", "--holdout"], 25),
     ("codl-predictor", [PY, "bench/codl_predictor.py"], 5),
     ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),
     ("codl-simulate", [PY, "bench/codl_simulate.py", "--seeds", "3"], 5),

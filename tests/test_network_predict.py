@@ -131,3 +131,21 @@ def test_a_dynamic_model_needs_its_shapes_and_then_predicts_static_kernels(tmp_p
     big = predict_network(str(path), input_shapes={"img": (1, 3, 128, 128)})
     assert 0 < small["total_ms"] < big["total_ms"]
     assert small["n_kernels"] >= 2 and not small["not_predicted"]
+
+
+def test_gpu_predictions_are_checked_against_the_h100_timings_of_the_same_programs():
+    """bench/cdmpp_gpu_predict_check.py: each kernel's CUDA program is the draw the H100 dataset timed
+    (same task key, same draw index), so a prediction made without a GPU has a measurement to meet."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "cdmpp_gpu_predict_check.py"
+    spec = importlib.util.spec_from_file_location("cdmpp_gpu_predict_check", path)
+    gpc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpc)
+    timed = gpc.measured_programs()
+    assert len(timed) > 3000 and all(v["us"] > 0 for v in timed.values())
+    res = gpc.check(predict_network("tiny-cnn", device="h100"), timed)
+    s = res["summary"]
+    assert s["whole_network"] and s["kernels_measured"] == s["kernels"] >= 4
+    assert 0.2 < s["total_ratio"] < 5 and s["measured_ms"] > 0
+    assert all(k["measured_us"] == timed[(k["key"], k["sample"])]["us"] for k in res["kernels"])
