@@ -83,7 +83,8 @@ def _quantized(src: str, out: Path, fmt: str) -> str:
 
         def get_next(self):
             return self.left.pop() if self.left else None
-    quantize_static(src, str(out), Reader(), quant_format=QuantFormat.QOperator)
+    quantize_static(src, str(out), Reader(), quant_format=QuantFormat.QOperator,   # uint8 activations:
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # ORT's advice on x64
     return str(out)
 
 

@@ -290,3 +290,18 @@ def test_rel_error_handles_scalar_outputs():
     from tensorplan.graph.reference import rel_error
     assert rel_error(np.float32(2.0), np.float32(2.0)) == 0.0
     assert rel_error(np.array(1.0, dtype=np.float32), np.array(2.0, dtype=np.float32)) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_maxpool_on_quantized_tensors_matches_onnxruntime(dtype):
+    """Quantized models (QOperator format) max-pool int8/uint8 tensors; padding must not be -inf."""
+    et = TensorProto.INT8 if dtype == np.int8 else TensorProto.UINT8
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", et, [1, 4, 9, 9])],
+                          [helper.make_tensor_value_info("y", et, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(0).integers(info.min, info.max, (1, 4, 9, 9)).astype(dtype)
+    got = run_reference(import_onnx(m), {"x": x})["y"]
+    assert got.dtype == dtype and np.array_equal(got, run_onnxruntime(m, {"x": x})["y"])

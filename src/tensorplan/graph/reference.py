@@ -996,11 +996,13 @@ def _pool(node: Node, v: np.ndarray, kind: str) -> np.ndarray:
     t = torch.from_numpy(np.ascontiguousarray(v))
     all_pads = pads[:nd] + [pads[nd + i] + extra[i] for i in range(nd)]
     if kind == "max":
+        if not t.is_floating_point():   # int8/uint8 (quantized models): exact in float64, -inf padding
+            t = t.double()
         if any(all_pads):
             t = F.pad(t, _torch_pad_arg(all_pads), value=-float("inf"))
         fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nd]
         with torch.no_grad():
-            return fn(t, kernel, strides, 0, dil).numpy()
+            return fn(t, kernel, strides, 0, dil).numpy().astype(v.dtype, copy=False)
     if any(d != 1 for d in dil):
         raise TensorplanError(f"node '{node.name}' (AveragePool): dilations are not supported")
     include = bool(_a(node, "count_include_pad", 0))
