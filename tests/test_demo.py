@@ -71,6 +71,6 @@ def test_demo_cli_json_without_orchestration(tmp_path):
 def test_interleaved_medians_orders_fast_and_slow_work():
     import time
     t = interleaved_medians({"fast": lambda: None, "slow": lambda: time.sleep(0.002)}, rounds=4,
-                            per_round_s=0.01)
+                            burst_s=0.01)
     assert t["slow"].median_s > 10 * t["fast"].median_s
-    assert len(t["slow"].repeats) == 4
+    assert len(t["slow"].repeats) == 4 and "pause" in t["slow"].method

@@ -85,20 +85,20 @@ def model_onnx_path(model: str, opset: int) -> str:
     return str(resolve_model_path(model, opset))
 
 
-def interleaved_medians(fns: dict[str, callable], rounds: int = 15, per_round_s: float = 0.2) -> dict:
-    """Median latency of each callable, timed in alternation (rotating order each round) so a
-    noisy shared machine slows every contender alike; returns {name: Timing}."""
-    from ..measure.timer import Timing, measure
+def interleaved_medians(fns: dict[str, callable], rounds: int = 15, burst_s: float = 0.03) -> dict:
+    """Median latency of each callable, timed as the benchmarks do (`measure.timer.interleaved`):
+    a fresh random order every round, a 50 ms pause before each contender so the previous one's
+    spinning thread pool parks, then one untimed call and a ~`burst_s` burst whose median is kept.
+    Why the pause: without it, the contender timed right after an ONNX Runtime session runs while
+    that session's workers still spin on the 2 cores; three identical sessions of a small
+    transformer then timed 0.22 / 0.22 / 0.33 ms by creation order, and 0.21 ms each with the pause.
+    Returns {name: Timing}."""
+    from ..measure.timer import Timing, interleaved
 
-    names = list(fns)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order:
-            t = measure(fns[n], warmup=1, min_repeats=1, max_repeats=20, budget_s=per_round_s)
-            samples[n].append(t.median_s)
-    return {n: Timing.from_repeats(v, warmup=1, method=f"interleaved: {rounds} rounds, rotating order, "
-                                   "median of per-round medians") for n, v in samples.items()}
+    samples = interleaved(fns, rounds, burst_s=burst_s)
+    return {n: Timing.from_repeats(v, warmup=1, method=f"interleaved: {rounds} rounds, random order, 50 ms "
+                                   f"pause, untimed call + ~{burst_s * 1e3:.0f} ms burst, median of burst "
+                                   "medians") for n, v in samples.items()}
 
 
 def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrate: bool = True,

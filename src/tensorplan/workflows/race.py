@@ -62,6 +62,25 @@ def finalists(model: Any, plan: Plan, cost: Any, **opts) -> dict[str, Plan]:
     return out
 
 
+def session_thread_variants(cands: dict[str, Plan], threads: int) -> dict[str, Plan]:
+    """`cands` plus, for each finalist that is one ONNX Runtime session, the same session at the other
+    thread count (`NAME@Nt`). Why: regions are profiled with spinning off, where one thread often wins
+    (no worker to wake per operator); a plan that is one session spins (`orchestrate`), and then full
+    threads can win instead: a 2-layer LSTM ran 0.183 ms at one thread against ONNX Runtime's 0.150
+    at two (bench/results/beyond_zoo.json before this)."""
+    out = dict(cands)
+    if threads <= 1:
+        return out
+    for name, p in cands.items():
+        if len(p.kernels) == 1 and p.kernels[0].backend == "ort":
+            cur = int(p.kernels[0].schedule.get("threads", threads))
+            other = 1 if cur != 1 else threads
+            v = Plan.from_dict(p.to_dict())
+            v.kernels[0].schedule["threads"] = other
+            out[f"{name}@{other}t"] = v
+    return out
+
+
 def whole_graph_inductor(plan: Plan, prim: Any, threads: int = 2) -> Plan:
     """The whole (rewritten, fissioned) primitive graph as one Inductor-compiled program on the CPU.
 
@@ -112,7 +131,7 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
     if not race or not getattr(cm, "races", True):
         return plan, None
     t0 = time.perf_counter()
-    cands = finalists(model, plan, cm, **opts)
+    cands = session_thread_variants(finalists(model, plan, cm, **opts), threads)
     if len(cands) == 1 and not inductor:
         return plan, None
     prim = plan.primitive_graph()
@@ -147,4 +166,5 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
     return kept, result
 
 
-__all__ = ["RaceResult", "finalists", "orchestrate_raced", "pick_finalist", "whole_graph_inductor"]
+__all__ = ["RaceResult", "finalists", "orchestrate_raced", "pick_finalist", "session_thread_variants",
+           "whole_graph_inductor"]
