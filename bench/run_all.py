@@ -31,6 +31,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("standalone", [PY, "bench/korch_standalone.py", "--models",
                     "candy,segformer-b0,efficientvit-b1,yolox-nano,yolov4,resnet-50,bert-base"], 15),
     ("export", [PY, "bench/export_bench.py"], 3),
+    ("beyond-zoo", [PY, "bench/beyond_zoo.py"], 12),
     ("ort-profile", [PY, "bench/ort_profile.py", "--models", "efficientvit-b1,yolox-nano,segformer-b0,candy"], 1),
     ("korch-gpu", [PY, "bench/korch_gpu.py", "--models", "candy", "efficientvit-b1", "yolox-nano"], 15),
     ("features", [PY, "bench/features_speed.py"], 2),
