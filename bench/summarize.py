@@ -348,6 +348,31 @@ def export_section() -> list[str]:
     return out
 
 
+def openvino_section() -> list[str]:
+    """OpenVINO's CPU runtime against ONNX Runtime on the Korch models (openvino_probe.json; a probe)."""
+    d = load("openvino_probe.json")
+    if not d:
+        return []
+    out = ["### OpenVINO, a runtime the baselines leave out (a probe)", "",
+           f"`python bench/openvino_probe.py --models ...` (OpenVINO {d['openvino']}, not a tensorplan dependency): the "
+           "same ONNX files in ONNX Runtime and in OpenVINO's CPU runtime, 2 threads, latency hint, fp32, interleaved as "
+           f"above ({d['rounds']} rounds, 50 ms pauses, bursts), outputs checked against each other. Medians in ms:", "",
+           "| model | ONNX Runtime | OpenVINO | ORT / OpenVINO | max rel. err |", "|---|---|---|---|---|"]
+    for r in d["rows"]:
+        m = r["median_ms"]
+        out.append(f"| {r['model']} | {m['onnxruntime']:.2f} | {m['openvino']:.2f} | {r['openvino_speedup']:.2f}× | "
+                   f"{r['max_rel_err']:.1e} |")
+    faster = [r for r in d["rows"] if r["openvino_speedup"] > 1.05]
+    out += ["", f"OpenVINO is more than 5 % faster than ONNX Runtime on {len(faster)} of {len(d['rows'])} models here "
+            f"(geomean {_geo([r['openvino_speedup'] for r in d['rows']]):.2f}×). It is not among the baselines the "
+            "Korch issue names, and tensorplan does not use it yet: as a region backend next to ONNX Runtime (Korch's "
+            "minimum over profilers) it would lift the models where it wins. It would not close the roofline gap of "
+            "the two models that miss it: " + ", ".join(
+                f"{r['model']} {r['openvino_speedup']:.2f}×" for r in d["rows"]
+                if r["model"] in ("efficientvit-b1", "yolox-nano")) + " against ONNX Runtime.", ""]
+    return out
+
+
 def beyond_zoo_section() -> list[str]:
     """Models outside the zoo: operators without a tensorplan rule run in ONNX Runtime (beyond_zoo.json)."""
     d = load("beyond_zoo.json")
@@ -525,7 +550,7 @@ def main() -> None:
              "shared and noisy — compare within a row, not across runs. CDMPP: [cdmpp.md](cdmpp.md); "
              "CoDL: [codl.md](codl.md).", ""]
     for sec in (devices_section(), store_section(), import_section(), kernels_section(), planning_section(),
-                korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), export_section(), beyond_zoo_section(), winograd_section(),
+                korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), export_section(), openvino_section(), beyond_zoo_section(), winograd_section(),
                 korch_gpu_section()):
         lines += sec
     Path(a.out).write_text("\n".join(lines) + "\n")
