@@ -10,7 +10,8 @@ Per candidate kind:
   measured end to end on the shared 2-core machine the torch kernels cost 5-7x their
   solo time (ResNet-50: 26 torch convs, plan 0.18x of ORT; bench/results/);
 - opaque: ONNX Runtime;
-- region (several original operators, plan/regions.py): one ONNX Runtime session over them.
+- region (several original operators, plan/regions.py): one ONNX Runtime session over them, and
+  the same operators compiled by OpenVINO (`region_backends`; program/openvino_kernel.py).
 ONNX Runtime is timed at full threads and at one thread. The fastest variant wins
 (Korch's min over profilers) and is recorded as the plan kernel's backend + schedule.
 
@@ -50,7 +51,8 @@ class MeasuredCost:
 
     def __init__(self, store: Any = None, device: Any = "local", threads: int = 2, budget_s: float = 0.05,
                  linear_backends: tuple[str, ...] = ("ort",), singleton_ort: bool = True,
-                 tag: str = "", remeasure: bool = False, statistic: str = "min", outlier_factor: float = 4.0):
+                 tag: str = "", remeasure: bool = False, statistic: str = "min", outlier_factor: float = 4.0,
+                 region_backends: tuple[str, ...] = ("ort", "openvino")):
         from ..devices import resolve
         from ..measure.store import Store
         self.store = store if isinstance(store, Store) else Store(store)
@@ -59,6 +61,8 @@ class MeasuredCost:
         self.threads = int(threads)
         self.budget_s = float(budget_s)
         self.linear_backends = tuple(linear_backends)
+        from ..program.openvino_kernel import available
+        self.region_backends = tuple(b for b in region_backends if b != "openvino" or available())
         self.singleton_ort = singleton_ort
         self.tag = tag
         self.remeasure = remeasure
@@ -131,7 +135,8 @@ class MeasuredCost:
 
     def describe(self) -> dict:
         return {"name": self.name, "device": self.spec.name, "threads": self.threads, "budget_s": self.budget_s,
-                "linear_backends": list(self.linear_backends), "store": str(self.store.path), **self.stats}
+                "linear_backends": list(self.linear_backends), "region_backends": list(self.region_backends),
+                "store": str(self.store.path), **self.stats}
 
     # -- internals ------------------------------------------------------------------------
     def _prog_key(self, prim: Graph, c: "Candidate") -> str:
@@ -139,6 +144,8 @@ class MeasuredCost:
         payload = {"canonical_hash": c.canonical_hash, "kind": c.kind, "threads": self.threads,
                    "version": COST_VERSION, "ops": [byname[n].op for n in c.nodes],
                    "linear_backends": sorted(self.linear_backends) if c.kind == "linear" else []}
+        if c.kind == "region" and self.region_backends != ("ort",):   # the key of ORT-only regions is unchanged
+            payload["region_backends"] = sorted(self.region_backends)
         return self.store.put_program(PROGRAM_KIND, payload)
 
     def _from_record(self, c: "Candidate", rec: dict) -> float:
@@ -199,7 +206,9 @@ class MeasuredCost:
             for b in self.linear_backends:
                 out += ort if b == "ort" else [b]
             return out
-        if c.kind in ("opaque", "region"):
+        if c.kind == "region":
+            return ort + [b for b in self.region_backends if b != "ort"]
+        if c.kind == "opaque":
             return ort
         tvm = ["tvm"]
         if sub is not None and self.threads > 1:
@@ -221,6 +230,8 @@ class MeasuredCost:
             return "tvm", {"name": "default"}
         if name == "tvm:serial":
             return "tvm", {"name": "default", "parallel": False}
+        if name == "openvino":
+            return "openvino", {}
         return name, {}
 
     def _time_backend(self, sub: Graph, outputs: list[str], variant: str):

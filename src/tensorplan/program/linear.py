@@ -323,8 +323,8 @@ BACKENDS: dict[str, Callable] = {
 
 def make_kernel(sub: Graph, outputs: list[str] | None, backend: str, threads: int = 2,
                 schedule: dict | None = None):
-    """Build one kernel on a named backend ('tvm', 'ort', 'torch'); `schedule` is the backend's
-    knobs: TVM's schedule dict, ORT's {"threads": n, "spinning": bool}."""
+    """Build one kernel on a named backend ('tvm', 'ort', 'torch', 'openvino'); `schedule` is the
+    backend's knobs: TVM's schedule dict, ORT's {"threads": n, "spinning": bool}, OpenVINO's {"threads": n}."""
     if backend == "tvm":
         from .build import compile_kernel, local_target
         return compile_kernel(sub, outputs, target=local_target(threads), schedule=schedule, threads=threads)
@@ -334,7 +334,10 @@ def make_kernel(sub: Graph, outputs: list[str] | None, backend: str, threads: in
         return ort_kernel(sub, outputs, nthr, spinning=bool(spin))
     if backend == "torch":
         return torch_kernel(sub, outputs)
-    raise CompileError(f"kernel '{sub.name}': unknown backend '{backend}' (tvm, ort or torch)")
+    if backend == "openvino":
+        from .openvino_kernel import openvino_kernel
+        return openvino_kernel(sub, outputs, int((schedule or {}).get("threads", threads)))
+    raise CompileError(f"kernel '{sub.name}': unknown backend '{backend}' (tvm, ort, torch or openvino)")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from ..graph.ir import Graph
 from ..plan.plan import Plan, PlanKernel, plan_buffers
 
 DEFAULT_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "ort"}
-FALLBACKS = {"tvm": ["ort", "reference"], "ort": ["reference"], "torch": ["ort", "reference"],
+FALLBACKS = {"tvm": ["ort", "reference"], "ort": ["reference"], "openvino": ["ort", "reference"], "torch": ["ort", "reference"],
              "torch-inductor": ["ort", "reference"], "reference": []}
 
 
