@@ -425,6 +425,10 @@ def main(argv=None) -> int:
                 f"speedup {r.get('speedup_vs_best_baseline', float('nan')):.2f}x, "
                 f"{r.get('vs_roofline', float('nan')):.2f}x roofline")
         per_model[name] = r
+    for p in sorted(results.glob("korch_*.json")):   # models of earlier runs stay in the summary
+        name = p.stem[len("korch_"):]
+        if name != "bench" and name not in per_model:
+            per_model[name] = json.loads(p.read_text())
     summary = summarize(per_model, machine)
     Path(args.out).write_text(json.dumps(summary, indent=1, default=float))
     log(f"wrote {args.out}: geomean speedup {summary['geomean_speedup_vs_best_baseline']}, "

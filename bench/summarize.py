@@ -353,7 +353,7 @@ def openvino_section() -> list[str]:
     d = load("openvino_probe.json")
     if not d:
         return []
-    out = ["### OpenVINO, a runtime the baselines leave out (a probe)", "",
+    out = ["### OpenVINO, a runtime the baselines leave out", "",
            f"`python bench/openvino_probe.py --models ...` (OpenVINO {d['openvino']}, not a tensorplan dependency): the "
            "same ONNX files in ONNX Runtime and in OpenVINO's CPU runtime, 2 threads, latency hint, fp32, interleaved as "
            f"above ({d['rounds']} rounds, 50 ms pauses, bursts), outputs checked against each other. Medians in ms:", "",
@@ -365,9 +365,11 @@ def openvino_section() -> list[str]:
     faster = [r for r in d["rows"] if r["openvino_speedup"] > 1.05]
     out += ["", f"OpenVINO is more than 5 % faster than ONNX Runtime on {len(faster)} of {len(d['rows'])} models here "
             f"(geomean {_geo([r['openvino_speedup'] for r in d['rows']]):.2f}×). It is not among the baselines the "
-            "Korch issue names, and tensorplan does not use it yet: as a region backend next to ONNX Runtime (Korch's "
-            "minimum over profilers) it would lift the models where it wins. It would not close the roofline gap of "
-            "the two models that miss it: " + ", ".join(
+            "Korch issue names. tensorplan uses it as a region backend next to ONNX Runtime (Korch's minimum over "
+            "profilers: `MeasuredCost` times every region candidate in both, program/openvino_kernel.py), so the BLP "
+            "takes it where it wins; models whose Korch results above predate the backend were planned without it "
+            "(each model's JSON has its date). It does not close the roofline gap of the two models that miss it: "
+            + ", ".join(
                 f"{r['model']} {r['openvino_speedup']:.2f}×" for r in d["rows"]
                 if r["model"] in ("efficientvit-b1", "yolox-nano")) + " against ONNX Runtime.", ""]
     return out
