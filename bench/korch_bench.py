@@ -17,6 +17,7 @@ already measured) and each finished model is written to `bench/results/korch_<mo
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import math
@@ -300,6 +301,7 @@ def bench_model(name: str, args, store) -> dict:
         res["vs_roofline"] = tp * 1e3 / roof_ms
         p = plans["tensorplan"]
         res["kernels_per_inference"] = len(p.kernels)
+        res["plan_backends"] = dict(collections.Counter(k.backend or "?" for k in p.kernels))
         res["primitives"] = p.source.get("num_primitives")
         res["predicted_ms"] = p.predicted_s * 1e3
         res["measured_ms"] = tp * 1e3

@@ -18,7 +18,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import typer
 
 

@@ -87,6 +87,20 @@ def _day(epoch: float | None) -> str:
     return "–" if epoch is None else time.strftime("%Y-%m-%d", time.gmtime(epoch))
 
 
+def plan_backends(r: dict) -> dict[str, int] | None:
+    """Kernels per backend of the plan a Korch run kept: recorded in the run's JSON, or read from the plan
+    file it wrote when that file is still the one from that run (written between its start and end)."""
+    if r.get("plan_backends"):
+        return r["plan_backends"]
+    p = Path(r.get("plan_path") or "")
+    if not p.is_file() or not (r.get("started", 0) - 1 <= p.stat().st_mtime <= r.get("finished", 0) + 1):
+        return None
+    out: dict[str, int] = {}
+    for k in json.loads(p.read_text()).get("kernels", []):
+        out[k.get("backend") or "?"] = out.get(k.get("backend") or "?", 0) + 1
+    return out
+
+
 def korch_section(kdir: Path) -> list[str]:
     rows = []
     for p in sorted(kdir.glob("korch_*.json")):
@@ -108,11 +122,12 @@ def korch_section(kdir: Path) -> list[str]:
            "the plan from Korch's kernels alone (no ONNX Runtime region candidates); `tvm-relax` is the untuned "
            "default build, timed separately. `ort-control` is a second, identical ONNX Runtime session "
            "timed like the others: its distance from `onnxruntime` is this run's noise floor. `ORT regions` = "
-           "region kernels after merging / primitives they cover. `run` is the day the model's run started: "
+           "region kernels after merging / primitives they cover; `backends` = the kept plan's kernels per "
+           "backend (`openvino`: a region compiled by OpenVINO, see below). `run` is the day the model's run started: "
            "a model re-run after a change has its own row from that run (every ratio is within one run).", "",
-           "| model | " + " | ".join(systems) + " | vs best | kernels | ORT regions | predicted ms "
+           "| model | " + " | ".join(systems) + " | vs best | kernels | backends | ORT regions | predicted ms "
            "| load avg (1 min, start→end) | run |",
-           "|---|" + "---|" * (len(systems) + 6)]
+           "|---|" + "---|" * (len(systems) + 7)]
     ratios = []
     for r in rows:
         m = r["median_ms"]
@@ -124,7 +139,9 @@ def korch_section(kdir: Path) -> list[str]:
         regs = f"{reg.get('kernels_after_merge', 0)} / {reg.get('primitives', 0)} of {r.get('primitives')}" \
             if reg else "–"
         out.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['speedup_vs_best_baseline']:.2f} | "
-                   f"{r['kernels_per_inference']} | {regs} | {r['predicted_ms']:.1f} | {load_avg} | "
+                   f"{r['kernels_per_inference']} | "
+                   + (", ".join(f"{b} {c}" for b, c in sorted((plan_backends(r) or {}).items())) or "–")
+                   + f" | {regs} | {r['predicted_ms']:.1f} | {load_avg} | "
                    f"{_day(r.get('started'))} |")
     out += ["", f"Geomean speed-up over the best baseline: **{_geo(ratios):.2f}×** over {len(ratios)} models."]
     ctl = [abs(r["median_ms"]["ort-control"] / r["median_ms"]["onnxruntime"] - 1) for r in rows

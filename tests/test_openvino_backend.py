@@ -3,7 +3,6 @@ by OpenVINO computes what ONNX Runtime computes, in place on the plan's buffers,
 cost times it next to ONNX Runtime so the BLP can pick per region."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tensorplan.graph.fission import fission
