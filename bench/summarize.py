@@ -249,8 +249,10 @@ def korch_section(kdir: Path) -> list[str]:
     nr = [r["ablations"]["no-regions"]["slowdown"] for r in rows if "no-regions" in (r.get("ablations") or {})]
     if nr:
         pm = [r["measured_ms"] / r["predicted_ms"] for r in rows if r.get("predicted_ms")]
-        single = [r["model"] for r in rows if r.get("kernels_per_inference") == 1
-                  and (r.get("ort_regions") or {}).get("kernels_after_merge") == 1]
+        one_region = [r for r in rows if r.get("kernels_per_inference") == 1
+                      and (r.get("ort_regions") or {}).get("kernels_after_merge") == 1]
+        ov = [r["model"] for r in one_region if (plan_backends(r) or {}).get("openvino")]
+        single = [r["model"] for r in one_region if r["model"] not in ov]
         raced = [r for r in rows if r.get("race")]
         inductor = [r["model"] for r in raced if r["race"].get("chosen") == "inductor"]
         nr_vs = [r["median_ms"][r["best_baseline"]] / r["median_ms"]["no-regions"] for r in rows
@@ -260,6 +262,8 @@ def korch_section(kdir: Path) -> list[str]:
                 f"For {len(single)} of {len(rows)} models ({', '.join(single)}) the final plan is one ONNX "
                 "Runtime session over the (rewritten) model: there the plan ties ORT unless a rewrite fired, "
                 "and loses to torch.compile where that is faster. "
+                + (f"For {len(ov)} ({', '.join(ov)}) it is one OpenVINO region over the rewritten model, which "
+                   "the measured costs preferred to the ONNX Runtime session. " if ov else "")
                 + (f"For {len(inductor)} ({', '.join(inductor)}) the kept plan is the whole rewritten graph "
                    "as one PyTorch Inductor program (Inductor-generated C++ loops between PyTorch's "
                    "convolution and GEMM calls), which won the race against the BLP's plan and the ONNX "
