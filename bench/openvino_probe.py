@@ -6,9 +6,9 @@ OpenVINO fuses Swish into its convolutions and has blocked depthwise kernels. Th
 ONNX files in both runtimes (2 threads, latency hint, fp32), interleaved as the benchmarks do
 (`measure.timer.interleaved`: random order, 50 ms pauses, bursts), and checks their outputs agree.
 
-OpenVINO is not a dependency (a 59 MB wheel):
+OpenVINO is pinned in pyproject.toml (openvino==2026.4.1; tensorplan uses it as a region backend since
+this probe, program/openvino_kernel.py):
 
-    .venv/bin/pip install openvino==2026.4.1
     python bench/openvino_probe.py --models yolox-nano,efficientvit-b1   # -> bench/results/openvino_probe.json
 """
 from __future__ import annotations

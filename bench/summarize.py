@@ -375,7 +375,7 @@ def openvino_section() -> list[str]:
     if not d:
         return []
     out = ["### OpenVINO, a runtime the baselines leave out", "",
-           f"`python bench/openvino_probe.py --models ...` (OpenVINO {d['openvino']}, not a tensorplan dependency): the "
+           f"`python bench/openvino_probe.py --models ...` (OpenVINO {d['openvino']}, pinned in pyproject.toml): the "
            "same ONNX files in ONNX Runtime and in OpenVINO's CPU runtime, 2 threads, latency hint, fp32, interleaved as "
            f"above ({d['rounds']} rounds, 50 ms pauses, bursts), outputs checked against each other. Medians in ms:", "",
            "| model | ONNX Runtime | OpenVINO | ORT / OpenVINO | max rel. err |", "|---|---|---|---|---|"]
