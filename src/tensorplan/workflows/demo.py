@@ -89,9 +89,9 @@ def interleaved_medians(fns: dict[str, callable], rounds: int = 15, burst_s: flo
     """Median latency of each callable, timed as the benchmarks do (`measure.timer.interleaved`):
     a fresh random order every round, a 50 ms pause before each contender so the previous one's
     spinning thread pool parks, then one untimed call and a ~`burst_s` burst whose median is kept.
-    Why the pause: without it, the contender timed right after an ONNX Runtime session runs while
-    that session's workers still spin on the 2 cores; three identical sessions of a small
-    transformer then timed 0.22 / 0.22 / 0.33 ms by creation order, and 0.21 ms each with the pause.
+    Why the pause: without it, the contender timed right after an ONNX Runtime session may run while
+    that session's workers still spin on the 2 cores (bench/spin_pause_probe.py times identical
+    sessions both ways); the demo now measures exactly as the benchmarks it is compared with.
     Returns {name: Timing}."""
     from ..measure.timer import Timing, interleaved
 

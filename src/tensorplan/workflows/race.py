@@ -66,8 +66,7 @@ def session_thread_variants(cands: dict[str, Plan], threads: int) -> dict[str, P
     """`cands` plus, for each finalist that is one ONNX Runtime session, the same session at the other
     thread count (`NAME@Nt`). Why: regions are profiled with spinning off, where one thread often wins
     (no worker to wake per operator); a plan that is one session spins (`orchestrate`), and then full
-    threads can win instead: a 2-layer LSTM ran 0.183 ms at one thread against ONNX Runtime's 0.150
-    at two (bench/results/beyond_zoo.json before this)."""
+    threads can win instead. The race measures both rather than trusting either solo profile."""
     out = dict(cands)
     if threads <= 1:
         return out
