@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 from ..errors import ModelImportError, TensorplanError, UnsupportedOperatorError
 from .ir import Graph, Node, Tensor, unique_name
 from .ort_node import ort_has_kernel
-from .reference import ONNX_TO_NP, OPS, _OPSET, run_node, run_reference
+from .reference import ONNX_TO_NP, OPS, _OPSET, is_foreign, run_node, run_reference
 
 MIN_OPSET, MAX_OPSET = 11, 21
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -464,9 +464,7 @@ def _toposort(st: _State) -> None:
 def _runnable(st: _State, n: Node) -> bool:
     """A node tensorplan can execute: the reference executor has the op, or ONNX Runtime's CPU
     provider has a kernel for it (a *foreign* node, run one node at a time by `ort_node`)."""
-    if n.op in OPS and not n.domain:
-        return True
-    return ort_has_kernel(n.op, n.domain, st.opset, st.domain_opsets)
+    return not is_foreign(n) or ort_has_kernel(n.op, n.domain, st.opset, st.domain_opsets)
 
 
 def _check_domains(st: _State, allow_unsupported: bool) -> None:
