@@ -293,11 +293,17 @@ def bench_model(name: str, args, store) -> dict:
     res.update(info)
     res["median_ms"] = {k: v * 1e3 for k, v in med.items()}
     res["cov"] = {k: (statistics.pstdev(v) / statistics.mean(v) if len(v) > 1 else 0.0) for k, v in times.items()}
+    res["times_ms"] = {k: [round(x * 1e3, 4) for x in v] for k, v in times.items()}  # every round, in run order
     res["best_baseline"] = best
     if "tensorplan" in med:
         tp = med["tensorplan"]
         res["speedup_vs_best_baseline"] = med[best] / tp
         res["speedup_vs"] = {k: med[k] / tp for k in baselines}
+        if best in times and len(times[best]) == len(times["tensorplan"]):
+            # the same ratio taken round by round (both ran in every round, seconds apart): robust
+            # to the machine's slow phases, which move every system of a round together
+            res["speedup_paired_median"] = statistics.median(
+                b / t for b, t in zip(times[best], times["tensorplan"]))
         res["vs_roofline"] = tp * 1e3 / roof_ms
         p = plans["tensorplan"]
         res["kernels_per_inference"] = len(p.kernels)

@@ -84,3 +84,43 @@ def test_inductor_whole_graph_finalist_runs_and_matches_ort(tmp_path):
     kept, race = orchestrate_raced("tiny-cnn", cost="analytical", rounds=3)
     assert race is not None and "inductor" in race.median_s
     assert kept.stats["race"]["chosen"] in race.median_s
+
+
+class _RegionsWin:
+    """Analytical costs, with every ONNX Runtime region nearly free: the BLP's plan is one region
+    kernel over the whole model (the costs are contrived; what runs is real)."""
+    name, supports_regions = "regions-win", True
+
+    def __init__(self):
+        from tensorplan.cost import AnalyticalCost
+        self.base = AnalyticalCost("local")
+
+    def cost(self, prim, cand):
+        return 1e-7 if cand.kind == "region" else self.base.cost(prim, cand)
+
+
+def test_one_session_finalist_is_raced_on_the_other_backend_and_both_run():
+    """A plan that is one region kernel gets the same operators on the other region backend (and
+    ONNX Runtime at the other thread count); every variant runs and matches ONNX Runtime. A plan of
+    several kernels gets no variant."""
+    from tensorplan.plan.orchestrate import orchestrate
+    from tensorplan.program.openvino_kernel import available
+    from tensorplan.runtime.executor import run_plan
+    from tensorplan.workflows.race import session_backend_variants, session_thread_variants
+    one = orchestrate("tiny-cnn", cost=_RegionsWin())
+    assert [(k.kind, k.backend) for k in one.kernels] == [("region", "ort")]
+    cands = session_thread_variants(session_backend_variants({"blp": one}), threads=2)
+    expected = {"blp", "blp@1t"} | ({"blp@openvino"} if available() else set())
+    assert set(cands) == expected
+    for name, p in cands.items():
+        res = run_plan(p, repeats=2)
+        assert res.ok and not res.fallbacks, (name, res.fallbacks)
+        assert res.backends == {p.kernels[0].backend: 1}
+    if available():
+        ov = cands["blp@openvino"]
+        assert ov.kernels[0].schedule["operators"] == one.kernels[0].schedule["operators"]
+        assert "spinning" not in ov.kernels[0].schedule
+        back = session_backend_variants({"ov": ov})["ov@ort"]     # and back: one spinning session
+        assert back.kernels[0].backend == "ort" and back.kernels[0].schedule["spinning"] is True
+    many = orchestrate("tiny-cnn", cost="analytical")
+    assert len(many.kernels) > 1 and set(session_backend_variants({"blp": many})) == {"blp"}

@@ -5,7 +5,9 @@ boundary costs more than solo timings show (thread pools waking, cold caches), s
 wins on paper can lose on the machine. Before a plan is kept, the BLP's plan, the plan with the
 fewest kernels (the BLP with 1 s per kernel: as few ONNX Runtime sessions as possible), when
 the BLP recomputes, the BLP without recomputation, and (`inductor=True`, CPU plans) the whole
-primitive graph as one Inductor program run interleaved on the same inputs. The winner
+primitive graph as one Inductor program run interleaved on the same inputs; a finalist that is
+one ONNX Runtime session or one OpenVINO model also runs on the other backend and at the other
+thread count (`session_backend_variants`, `session_thread_variants`). The winner
 is the plan with the fewest kernels among those within `margin` of the fastest: identical plans
 already land up to ~8 % apart between two executors in one run (docs/results.md, noise floor),
 so a smaller lead is not evidence that more kernel boundaries pay.
@@ -80,6 +82,35 @@ def session_thread_variants(cands: dict[str, Plan], threads: int) -> dict[str, P
     return out
 
 
+REGION_BACKENDS = ("ort", "openvino")
+
+
+def session_backend_variants(cands: dict[str, Plan]) -> dict[str, Plan]:
+    """`cands` plus, for each finalist that is one region kernel (the whole model as one ONNX Runtime
+    session or one OpenVINO model), the same operators on the other region backend (`NAME@BACKEND`).
+
+    Why: the BLP picks a region's backend from solo timings of the *regions* it enumerates, taken
+    one after another, often sessions apart; the whole graph as one session is not among them, and
+    the two backends' costs can be timed under different machine load. On YOLOX-nano the BLP chose
+    two OpenVINO regions (4.1 ms predicted) while ONNX Runtime runs the same rewritten graph in 3.6
+    (one interleaved run). The race times both end to end instead of trusting either profile."""
+    from ..program.openvino_kernel import available
+    out = dict(cands)
+    for name, p in cands.items():
+        if len(p.kernels) != 1 or p.kernels[0].kind != "region" or p.kernels[0].backend not in REGION_BACKENDS:
+            continue
+        for b in REGION_BACKENDS:
+            if b == p.kernels[0].backend or (b == "openvino" and not available()):
+                continue
+            v = Plan.from_dict(p.to_dict())
+            k = v.kernels[0]
+            keep = {key: k.schedule[key] for key in ("operators", "span") if key in k.schedule}
+            # one ORT session is the whole plan: it spins between operators (orchestrate does the same)
+            k.backend, k.schedule = b, {**keep, **({"spinning": True} if b == "ort" else {})}
+            out[f"{name}@{b}"] = v
+    return out
+
+
 def whole_graph_inductor(plan: Plan, prim: Any, threads: int = 2) -> Plan:
     """The whole (rewritten, fissioned) primitive graph as one Inductor-compiled program on the CPU.
 
@@ -130,7 +161,7 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
     if not race or not getattr(cm, "races", True):
         return plan, None
     t0 = time.perf_counter()
-    cands = session_thread_variants(finalists(model, plan, cm, **opts), threads)
+    cands = session_thread_variants(session_backend_variants(finalists(model, plan, cm, **opts)), threads)
     if len(cands) == 1 and not inductor:
         return plan, None
     prim = plan.primitive_graph()
@@ -165,5 +196,6 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
     return kept, result
 
 
-__all__ = ["RaceResult", "finalists", "orchestrate_raced", "pick_finalist", "session_thread_variants",
+__all__ = ["RaceResult", "finalists", "orchestrate_raced", "pick_finalist", "session_backend_variants",
+           "session_thread_variants",
            "whole_graph_inductor"]
