@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 REFERENCE_PEAK_GFLOPS = 419.0  # best fp32 GEMM measured on this machine (MLAS, 2 threads; baselines.md)
 REFERENCE_BW_GBS = 43.7        # typical 1 GiB copy bandwidth measured on this machine (baselines.md)
+GEMM_PROBE, GEMM_PROBE_N = "gemm-probe", 1024  # the peak's workload, timed in every round
 DEFAULT_MODELS = ["candy", "segformer-b0", "efficientvit-b1", "yolox-nano", "yolov4", "resnet-50", "bert-base"]
 
 
@@ -267,8 +268,14 @@ def bench_model(name: str, args, store) -> dict:
         except Exception as e:  # noqa: BLE001
             info["systems"][key] = {"error": f"{type(e).__name__}: {str(e)[:400]}",
                                     "trace": traceback.format_exc()[-1500:]}
+    # the machine's own speed, round by round: the peak's GEMM (devices.detect) timed like a system, so
+    # the bound can also be taken at the speed the shared machine offered in that round
+    from tensorplan.devices.detect import GEMM_BACKENDS
+    runners[GEMM_PROBE] = GEMM_BACKENDS["onnxruntime"](GEMM_PROBE_N, args.threads)
     log(f"  timing {len(runners)} systems x {args.rounds} rounds (interleaved)")
     times = interleaved(runners, args.rounds, burst_s=args.burst_ms / 1e3)  # tensorplan.measure.timer
+    probe = times.pop(GEMM_PROBE)
+    res["gemm_probe_gflops"] = [round(2.0 * GEMM_PROBE_N ** 3 / t / 1e9, 1) for t in probe]
     res["burst_ms"] = args.burst_ms
     res["untimed_lead_call"] = True  # timer.interleaved: one untimed call before each burst
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -305,6 +312,12 @@ def bench_model(name: str, args, store) -> dict:
             res["speedup_paired_median"] = statistics.median(
                 b / t for b, t in zip(times[best], times["tensorplan"]))
         res["vs_roofline"] = tp * 1e3 / roof_ms
+        if len(probe) == len(times["tensorplan"]):
+            # the same distance with each round's bound at that round's measured GEMM rate (bandwidth
+            # as above): what is left when the machine's slow phases are taken out
+            res["vs_roofline_in_run"] = statistics.median(
+                t * 1e3 / analysis.roofline_ms(flops, mbytes, 2.0 * GEMM_PROBE_N ** 3 / g / 1e9, bw)
+                for t, g in zip(times["tensorplan"], probe))
         p = plans["tensorplan"]
         res["kernels_per_inference"] = len(p.kernels)
         res["plan_backends"] = dict(collections.Counter(k.backend or "?" for k in p.kernels))
@@ -360,7 +373,8 @@ def summarize(per_model: dict, machine: dict) -> dict:
             "table": [{"model": m, "tensorplan_ms": r.get("measured_ms"), "best_baseline": r.get("best_baseline"),
                        "best_baseline_ms": r["median_ms"].get(r.get("best_baseline")),
                        "speedup": r.get("speedup_vs_best_baseline"), "roofline_ms": r["roofline"]["bound_ms"],
-                       "vs_roofline": r.get("vs_roofline"), "kernels": r.get("kernels_per_inference"),
+                       "vs_roofline": r.get("vs_roofline"), "vs_roofline_in_run": r.get("vs_roofline_in_run"),
+                       "speedup_paired": r.get("speedup_paired_median"), "kernels": r.get("kernels_per_inference"),
                        "predicted_ms": r.get("predicted_ms")} for m, r in per_model.items() if "median_ms" in r]}
 
 

@@ -123,11 +123,13 @@ def korch_section(kdir: Path) -> list[str]:
            "default build, timed separately. `ort-control` is a second, identical ONNX Runtime session "
            "timed like the others: its distance from `onnxruntime` is this run's noise floor. `ORT regions` = "
            "region kernels after merging / primitives they cover; `backends` = the kept plan's kernels per "
-           "backend (`openvino`: a region compiled by OpenVINO, see below). `run` is the day the model's run started: "
+           "backend (`openvino`: a region compiled by OpenVINO, see below). `paired` = the median over rounds of "
+           "the per-round ratio best baseline / tensorplan (both ran in every round, seconds apart, so a slow "
+           "phase of the shared machine moves both; runs before 2026-11-24 did not record rounds). `run` is the day the model's run started: "
            "a model re-run after a change has its own row from that run (every ratio is within one run).", "",
-           "| model | " + " | ".join(systems) + " | vs best | kernels | backends | ORT regions | predicted ms "
+           "| model | " + " | ".join(systems) + " | vs best | paired | kernels | backends | ORT regions | predicted ms "
            "| load avg (1 min, start→end) | run |",
-           "|---|" + "---|" * (len(systems) + 7)]
+           "|---|" + "---|" * (len(systems) + 8)]
     ratios = []
     for r in rows:
         m = r["median_ms"]
@@ -139,7 +141,8 @@ def korch_section(kdir: Path) -> list[str]:
         regs = f"{reg.get('kernels_after_merge', 0)} / {reg.get('primitives', 0)} of {r.get('primitives')}" \
             if reg else "–"
         out.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['speedup_vs_best_baseline']:.2f} | "
-                   f"{r['kernels_per_inference']} | "
+                   + (f"{r['speedup_paired_median']:.2f}" if "speedup_paired_median" in r else "–")
+                   + f" | {r['kernels_per_inference']} | "
                    + (", ".join(f"{b} {c}" for b, c in sorted((plan_backends(r) or {}).items())) or "–")
                    + f" | {regs} | {r['predicted_ms']:.1f} | {load_avg} | "
                    f"{_day(r.get('started'))} |")
@@ -167,10 +170,14 @@ def korch_section(kdir: Path) -> list[str]:
             "time of the final plan in seconds: enumerate (candidates and regions) / profile (costing: kernels "
             "already in the measurement store cost nothing, so it is near zero where the store was warm and "
             "the compile + timing time where it was not) / solve (BLP). "
-            "`cold profile s` is the compile + timing time this run spent on kernels not yet in the store.", "",
+            "`cold profile s` is the compile + timing time this run spent on kernels not yet in the store. "
+            "`× tensorplan in run`: the plan's distance with each round's bound taken at the GEMM rate "
+            "measured in that round (the peak's 1024³ GEMM is timed as one more system in every round): the "
+            "distance left when the shared machine's slow phases are taken out; `gemm GFLOP/s` = median "
+            "(min–max) of that probe over the rounds.", "",
             "| model | bound ms | GFLOP | " + " | ".join(f"× {s}" for s in base) +
-            " | rewrites | enumerate s | profile s | solve s | solver | candidates (unique) | cold profile s |",
-            "|---|" + "---|" * (len(base) + 9)]
+            " | × tensorplan in run | gemm GFLOP/s | rewrites | enumerate s | profile s | solve s | solver | candidates (unique) | cold profile s |",
+            "|---|" + "---|" * (len(base) + 11)]
     for r in rows:
         m, rf = r["median_ms"], r["roofline"]
         rw = r.get("rewrites") or []
@@ -181,6 +188,9 @@ def korch_section(kdir: Path) -> list[str]:
         gfl = f"{rf['gflops']:.2f}" + (f" → {rf['rewritten_gflops']:.2f}" if rw and "rewritten_gflops" in rf else "")
         out.append(f"| {r['model']} | {rf['bound_ms']:.1f} | {gfl} | "
                    + " | ".join(f"{m[s] / rf['bound_ms']:.2f}" if s in m else "–" for s in base)
+                   + (f" | {r['vs_roofline_in_run']:.2f}" if "vs_roofline_in_run" in r else " | –")
+                   + (f" | {statistics.median(gp):.0f} ({min(gp):.0f}–{max(gp):.0f})"
+                      if (gp := r.get("gemm_probe_gflops")) else " | –")
                    + f" | {len(rw)} | {sp.get('enumerate_s', 0):.2f} | {sp.get('profile_s', 0):.2f} | "
                    f"{sp.get('solve_s', 0):.2f} | {sv.get('status')}"
                    + ("" if gap is None else f", gap {gap:.1e}")
@@ -263,14 +273,16 @@ def korch_section(kdir: Path) -> list[str]:
                 "Runtime session over the (rewritten) model: there the plan ties ORT unless a rewrite fired, "
                 "and loses to torch.compile where that is faster. "
                 + (f"For {len(ov)} ({', '.join(ov)}) it is one OpenVINO region over the rewritten model, which "
-                   "the measured costs preferred to the ONNX Runtime session. " if ov else "")
+                   "ran faster than the same operators as one ONNX Runtime session (the race runs a one-session "
+                   "finalist on both backends). " if ov else "")
                 + (f"For {len(inductor)} ({', '.join(inductor)}) the kept plan is the whole rewritten graph "
                    "as one PyTorch Inductor program (Inductor-generated C++ loops between PyTorch's "
                    "convolution and GEMM calls), which won the race against the BLP's plan and the ONNX "
                    "Runtime session. " if inductor else "") +
                 f"For {len(raced)} models the BLP plan was raced end to end against other finalists (the "
                 "fewest-kernels plan, the BLP without recomputation, the whole graph as one Inductor "
-                "program; `race` in each JSON) and lost in "
+                "program, a one-session plan on the other region backend and thread count; `race` in each "
+                "JSON) and lost in "
                 f"{sum(1 for r in raced if r['race']['chosen'] != 'blp')} of them. What holds the rest back: "
                 "our memory-bound kernels rarely beat the *marginal* cost ORT pays for the same operators "
                 "inside a region (it fuses them into its convolutions / attention in its blocked layout), and "
