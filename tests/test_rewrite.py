@@ -513,3 +513,26 @@ def test_token_linear_as_conv_keeps_per_channel_constants_and_narrowing_fc1_in_t
     assert r.counts == {"token_linear_as_conv": 1}          # fc1 moves; fc2 stays behind the (C',) scale
     assert [n.op for n in r.graph.nodes].count("MatMul") == 1
     assert rewrite(import_onnx(mix_ffn_model(c=12, cm=4))).applied == []   # fc1 narrows: nothing to gain
+
+
+def test_linear_attention_runs_channel_major_exactly_and_only_on_the_full_pattern():
+    """EfficientViT's 7 LiteMLA blocks drop the token transposes (21 -> 7 Transposes, the 7 left
+    are d-channel ones the runtimes fold into the MatMul), outputs unchanged; a block whose
+    intermediate is shared, or whose Pad is not the +1 column, is left as it is."""
+    from tensorplan.graph import load_model
+    from tensorplan.graph.ir import Tensor
+    g = load_model("efficientvit-b1")
+    r = rewrite(g)
+    assert r.counts.get("linear_attention_channel_major") == 7
+    ops = lambda gr: [n.op for n in gr.nodes].count("Transpose")  # noqa: E731
+    assert (ops(g), ops(r.graph)) == (21, 7)
+    _same_outputs(g, r.graph, _feeds(g), tol=1e-4)
+    h = g.copy()
+    relu_k = next(n for n in h.nodes if n.name.endswith("backbone.8/context/Relu_1"))
+    h.outputs.append(relu_k.outputs[0])                       # k is now also a graph output
+    pad = next(n for n in h.nodes if n.name.endswith("backbone.9/context/Pad"))
+    wrong = h.tensors[pad.inputs[1]].data.copy()
+    wrong[-1], wrong[3] = 0, 1                                 # the column padded in front instead
+    h.tensors["wrong_pads"] = Tensor("wrong_pads", wrong.shape, "int64", wrong)
+    pad.inputs[1] = "wrong_pads"
+    assert rewrite(h).counts.get("linear_attention_channel_major") == 5
