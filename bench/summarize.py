@@ -254,7 +254,10 @@ def korch_section(kdir: Path) -> list[str]:
                 "convolution after it into one 1x1 convolution of the stage's feature map (two channel maps in a "
                 "row are one: 11.4 -> 8.6 GFLOP, and no token/image layout passes in the decoder) and run each "
                 "Mix-FFN's fc1/fc2 as 1x1 convolutions on the narrow side of its token <-> image layout changes "
-                "(the Transposes and ORT's NCHWc reorders move 32-256 instead of 128-1024 channels); ONNX Runtime "
+                "(the Transposes and ORT's NCHWc reorders move 32-256 instead of 128-1024 channels), and compute "
+                "EfficientViT's ReLU linear attention in the channel-major layout of its qkv map (q, k, v sliced "
+                "on channels, the two attention products reassociated through (AB)^T = B^T A^T), so the full-map "
+                "token transposes of each attention block go; ONNX Runtime "
                 "and torch.compile compute the model as written."]
         flat = [r for r in rewritten if r["median_ms"]["no-rewrite"] / r["median_ms"]["tensorplan"] < 1.05]
         if flat:
