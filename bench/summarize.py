@@ -324,8 +324,14 @@ def standalone_section(kdir: Path) -> list[str]:
                              ("korch_standalone_2026-11-23.json", "python bench/korch_standalone.py --models "
                               "candy,segformer-b0,efficientvit-b1,yolox-nano,resnet-50,bert-base "
                               "--out bench/results/korch_standalone_2026-11-23.json",
-                              " (the latest run: the six plans korch_bench kept on 2026-11-23 on this VM, "
-                              "candy after the output-phase rule, SegFormer-b0 after the token-linear rules)")):
+                              " (the six plans korch_bench kept on 2026-11-23 on this VM, "
+                              "candy after the output-phase rule, SegFormer-b0 after the token-linear rules)"),
+                             ("korch_standalone_2026-11-24.json", "python bench/korch_standalone.py --models "
+                              "candy,segformer-b0,efficientvit-b1,yolox-nano,resnet-50,bert-base,yolov4 "
+                              "--out bench/results/korch_standalone_2026-11-24.json",
+                              " (the latest run: the seven plans korch_bench kept on 2026-11-24, six OpenVINO "
+                              "regions and YOLOX-nano's ONNX Runtime session, EfficientViT-b1 after the "
+                              "linear-attention rule)")):
         d = load(fname)
         if not d:
             continue
