@@ -11,7 +11,7 @@ from tensorplan.graph import analysis
 from tensorplan.graph.onnx_import import import_onnx
 from tensorplan.graph.reference import rel_error
 from tensorplan.graph.rewrite import output_phase_factor, rewrite
-from tensorplan.graph.to_onnx import graph_to_onnx, run_onnxruntime
+from tensorplan.graph.to_onnx import run_onnxruntime
 
 TOL = 1e-5
 

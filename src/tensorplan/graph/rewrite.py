@@ -807,7 +807,7 @@ def _is_swap_last(n: Node | None) -> bool:
 
 
 def _linear_attention_channel_major(g: Graph, ed: _Editor, applied: list) -> bool:
-    cons, prod = g.consumers(), g.producers()
+    cons = g.consumers()
     outs = set(g.outputs)
     only = lambda t: cons.get(t, []) if t not in outs else []  # noqa: E731 - consumers of a private tensor
 
