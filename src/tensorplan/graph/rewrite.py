@@ -80,8 +80,9 @@ ONNX Runtime on the original model in tests/test_rewrite.py):
   MatMul(Pad(v), Transpose(relu(k)))`` (d+1, d), ``o^T = MatMul(vk^T, relu(q))`` (d+1, N), and the
   division on rows of ``o^T``. The same products, reassociated through ``(AB)^T = B^T A^T``: the two
   transposes of full maps (3d and d channels) go, and one of a d-channel map is left, which
-  ONNX Runtime and OpenVINO fold into the MatMul. Every shape, slice, pad and transpose of the
-  pattern is checked before it fires.
+  ONNX Runtime (FusedMatMul) and OpenVINO fold into the MatMul (checked in their optimised and
+  executed graphs of EfficientViT-b1: no Transpose left). Every shape, slice, pad and transpose of
+  the pattern is checked before it fires.
 
 - ``conv3x3_winograd`` (only for the convolutions named in ``rewrite(..., winograd=names)``,
   chosen by measurement in plan/winograd.py, since it pays only where the GEMMs are large
