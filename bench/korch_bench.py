@@ -272,7 +272,7 @@ def bench_model(name: str, args, store) -> dict:
     # the bound can also be taken at the speed the shared machine offered in that round
     from tensorplan.devices.detect import GEMM_BACKENDS
     runners[GEMM_PROBE] = GEMM_BACKENDS["onnxruntime"](GEMM_PROBE_N, args.threads)
-    log(f"  timing {len(runners)} systems x {args.rounds} rounds (interleaved)")
+    log(f"  timing {len(runners) - 1} systems + the GEMM probe x {args.rounds} rounds (interleaved)")
     times = interleaved(runners, args.rounds, burst_s=args.burst_ms / 1e3)  # tensorplan.measure.timer
     probe = times.pop(GEMM_PROBE)
     res["gemm_probe_gflops"] = [round(2.0 * GEMM_PROBE_N ** 3 / t / 1e9, 1) for t in probe]
