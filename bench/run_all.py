@@ -27,7 +27,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("import", [PY, "bench/import_check.py"], 8),
     ("kernels", [PY, "bench/korch_kernels.py"], 5),
     ("candidates", [PY, "bench/korch_candidates.py", "--check", "--fresh"], 55),
-    ("korch", [PY, "bench/korch_bench.py", "--results-dir", "bench/results/korch_rewrite"], 120),
+    ("korch", [PY, "bench/korch_bench.py", "--results-dir", "bench/results/korch_rewrite", "--force"], 120),
     ("standalone", [PY, "bench/korch_standalone.py", "--models",
                     "candy,segformer-b0,efficientvit-b1,yolox-nano,yolov4,resnet-50,bert-base"], 15),
     ("export", [PY, "bench/export_bench.py"], 3),
