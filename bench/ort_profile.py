@@ -16,6 +16,10 @@ Per model it also reports
   computes something else: it is only a timing probe for "what if the activation were free", the
   most any exact rewrite of that activation could gain. (ORT 1.31's CPU convolution fuses Relu,
   LeakyRelu, Sigmoid, Tanh, Clip, HardSigmoid and HardSwish, checked in its optimised graph.)
+  The same interleaved run times the graph under ORT's inter-operator parallel executor; and for
+  a model with SiLU it times one pass over its largest SiLU input as Relu, QuickGelu and
+  Sigmoid -> Mul, scaled to all its SiLU values: how much of SiLU's cost is the separate pass
+  (memory traffic) and how much the sigmoid.
 
 Usage: python bench/ort_profile.py --models efficientvit-b1,yolox-nano [--raw] [--top 15]
 Writes bench/results/ort_profile.json (per model: ms per operator type and the top nodes, from
@@ -142,9 +146,63 @@ def relu_for_activations(g):
     return g, n_swapped
 
 
-def what_if(name: str, threads: int, rounds: int) -> dict:
-    """Interleaved medians (ms, no profiler) of the rewritten graph and of its activation->Relu probe."""
+def silu_elements(g) -> int:
+    """How many values the graph's SiLU activations (x * Sigmoid(x)) compute per inference."""
+    prod = g.producers()
+    total = 0
+    for n in g.nodes:
+        if n.op == "Mul" and len(n.inputs) == 2:
+            for x, s in (n.inputs, n.inputs[::-1]):
+                p = prod.get(s)
+                if p is not None and p.op == "Sigmoid" and p.inputs[0] == x:
+                    total += int(np.prod(g.tensors[x].shape))
+                    break
+    return total
+
+
+def activation_passes(shape: tuple, threads: int, rounds: int) -> dict:
+    """Throughput (Gvalues/s) of one activation pass over a `shape` tensor in ONNX Runtime, each a
+    one-operator session with bound buffers, interleaved: Relu (a pure copy-like pass: the memory
+    cost any separate pass pays) against QuickGelu (what ORT runs for SiLU) and Sigmoid -> Mul.
+    Why: it splits SiLU's cost into the pass itself and the sigmoid arithmetic, i.e. says whether
+    a faster SiLU operator could help or only fusing the activation into the convolution can."""
     import statistics
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from tensorplan.measure.timer import interleaved
+    graphs = {"relu": [helper.make_node("Relu", ["x"], ["y"])],
+              "quickgelu": [helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft", alpha=1.0)],
+              "sigmoid_mul": [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    keep, runners = [], {}
+    for key, nodes in graphs.items():
+        vi = [helper.make_tensor_value_info(t, TensorProto.FLOAT, list(shape)) for t in ("x", "y")]
+        m = helper.make_model(helper.make_graph(nodes, key, vi[:1], vi[1:]), ir_version=8,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+        onnx.checker.check_model(m)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        y = np.empty_like(x)
+        b = sess.io_binding()
+        b.bind_cpu_input("x", x)
+        b.bind_output("y", "cpu", 0, np.float32, list(shape), y.ctypes.data)
+        keep.append((sess, b, y))     # the bound buffers must outlive the runs
+        runners[key] = (lambda s=sess, b=b: s.run_with_iobinding(b))
+    t = interleaved(runners, rounds=rounds, burst_s=0.1)
+    return {k: float(np.prod(shape)) / statistics.median(v) / 1e9 for k, v in t.items()}
+
+
+def what_if(name: str, threads: int, rounds: int) -> dict:
+    """Interleaved medians (ms, no profiler) of the rewritten graph, of its activation->Relu probe and
+    of the graph under ORT's parallel (inter-operator) executor; SiLU pass throughputs."""
+    import statistics
+
+    import onnxruntime as ort
 
     from tensorplan.graph import zoo
     from tensorplan.graph.load import load_model
@@ -163,9 +221,26 @@ def what_if(name: str, threads: int, rounds: int) -> dict:
         m.ir_version = 8
         sess = ort_session(m, threads=threads)
         runners[key] = (lambda s=sess: s.run(None, feeds))
+    # independent branches (detection heads, CSP halves) on separate cores instead of splitting
+    # each small operator over both
+    so = ort.SessionOptions()
+    so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    so.inter_op_num_threads, so.intra_op_num_threads = threads, 1
+    m = graph_to_onnx(g)
+    m.ir_version = 8
+    par = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    runners["as_is_inter_op_parallel"] = lambda: par.run(None, feeds)
     t = interleaved(runners, rounds=rounds, burst_s=0.2)
     med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
-    return {"swapped": swapped, "median_ms": med, "ratio": med["activations_as_relu"] / med["as_is"], "rounds": rounds}
+    out = {"swapped": swapped, "median_ms": med, "ratio": med["activations_as_relu"] / med["as_is"], "rounds": rounds}
+    n_silu = silu_elements(g)
+    if n_silu:
+        big = max((tuple(g.tensors[n.inputs[0]].shape) for n in g.nodes if n.op == "Sigmoid"),
+                  key=lambda s: int(np.prod(s)))
+        rate = activation_passes(big, threads, rounds)
+        out["silu"] = {"values": n_silu, "probe_shape": list(big), "gvalues_per_s": rate,
+                       "ms_at": {k: n_silu / r / 1e6 for k, r in rate.items()}}
+    return out
 
 
 def main() -> None:
@@ -195,7 +270,13 @@ def main() -> None:
         wi = r.get("what_if") or {}
         if wi.get("median_ms"):
             print(f"  activations as Relu (timing probe, {wi['swapped']}): {wi['median_ms']['as_is']:.2f} -> "
-                  f"{wi['median_ms']['activations_as_relu']:.2f} ms ({wi['ratio']:.2f}x)", flush=True)
+                  f"{wi['median_ms']['activations_as_relu']:.2f} ms ({wi['ratio']:.2f}x); inter-operator "
+                  f"parallel executor {wi['median_ms']['as_is_inter_op_parallel']:.2f} ms", flush=True)
+        if wi.get("silu"):
+            si = wi["silu"]
+            print(f"  SiLU: {si['values'] / 1e6:.2f} M values per inference; one separate pass over them costs "
+                  + ", ".join(f"{k} {ms:.2f} ms ({si['gvalues_per_s'][k]:.1f} Gvalues/s)" for k, ms in si["ms_at"].items())
+                  + f" (single-operator sessions on {si['probe_shape']})", flush=True)
     out = {"machine": machine_info(threads=a.threads), "command": " ".join(sys.argv), "models": rows}
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}")

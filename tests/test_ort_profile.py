@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,3 +46,22 @@ def test_activation_probe_swaps_silu_and_hardswish(ort_profile):
     assert n["hardswish"] >= 30
     assert not any(x.op == "HardSwish" and prod[x.inputs[0]].op == "Conv" for x in probe.nodes)
     probe.validate()
+
+
+def test_silu_values_and_activation_pass_rates(ort_profile):
+    from tensorplan.graph.load import load_model
+    from tensorplan.graph.rewrite import rewrite
+
+    g = rewrite(load_model("yolox-nano")).graph
+    n = ort_profile.silu_elements(g)
+    # yolox-nano at 416x416: the stem alone gives 16 x 208 x 208 SiLU values. The Relu probe swaps
+    # the SiLUs on a convolution's output; the count also has those after the Add that
+    # split_concat_conv leaves, so it is larger, but not by much
+    assert n > 16 * 208 * 208
+    probe, swapped = ort_profile.relu_for_activations(g)
+    relu_vals = sum(int(np.prod(probe.tensors[x.inputs[0]].shape)) for x in probe.nodes if x.op == "Relu")
+    assert relu_vals < n < 1.1 * relu_vals
+
+    rate = ort_profile.activation_passes((1, 16, 32, 32), threads=1, rounds=2)
+    assert set(rate) == {"relu", "quickgelu", "sigmoid_mul"}
+    assert all(0.01 < r < 1000 for r in rate.values())   # values per second, in Gvalues/s
