@@ -5,13 +5,13 @@
 # no network, so TVM 0.27 travels with the working tree (64 MiB a call) in two calls:
 #   call 1: carry .tvmpack/a (first half of libtvm_compiler.so (xz), the rest of TVM, tvm-ffi) -> `$0 stash`
 #   call 2: carry .tvmpack/b (second half of libtvm_compiler.so, the sampled programs) -> `$0 install`
-# then `$0 gpu MINUTES`, `$0 cpu MINUTES`, `$0 out` in the same or later calls while the machine
+# then `$0 gpu MINUTES`, `$0 cpu MINUTES`, `$0 features [N]`, `$0 out` in the same or later calls while the machine
 # stays warm (stores live in /tmp and are resumable).  Build the packs here with `$0 pack`.
 # Results come back as $OUT/*.sqlite.xz; merge them with
 #   tensorplan dataset export --store gpu.sqlite --out data/cdmpp-h100
 #   tensorplan dataset merge-device --prefix gpuhost --store cpu.sqlite
 set -uo pipefail
-step=${1:?step: pack|stash|install|gpu|cpu|out}
+step=${1:?step: pack|stash|install|gpu|cpu|features|out}
 site=/tmp/site
 env_setup() {
   export PYTHONPATH=$site:$PWD/src PYTHONUNBUFFERED=1
@@ -52,6 +52,10 @@ cpu)    # device: re-time the dataset's CPU programs on this machine's CPU, 1 an
   n=$(nproc)
   python3 -m tensorplan dataset measure-device --prefix "${CPU_NAME:-gpuhost}" --threads 1,$n --workers $n \
     --store /tmp/cpu.sqlite --budget-minutes "${2:-3}" --no-merge --no-progress --json ;;
+features)  # device: featurisation throughput on this machine's cores (the 1,000 programs/s;
+           # the 2-core VM reaches 579/s with 2 workers, docs/cdmpp.md)
+  env_setup
+  python3 bench/features_speed.py --n "${2:-400}" --out $OUT/features_speed_gpuhost.json ;;
 out)
   for f in /tmp/gpu.sqlite /tmp/cpu.sqlite; do [ -f $f ] && xz -T0 -6 -c $f > $OUT/$(basename $f).xz; done
   ls -la $OUT ;;
