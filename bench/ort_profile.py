@@ -146,18 +146,18 @@ def relu_for_activations(g):
     return g, n_swapped
 
 
-def silu_elements(g) -> int:
-    """How many values the graph's SiLU activations (x * Sigmoid(x)) compute per inference."""
+def silu_shapes(g) -> list[tuple[int, ...]]:
+    """Input shape of every SiLU activation (x * Sigmoid(x)) in the graph."""
     prod = g.producers()
-    total = 0
+    shapes = []
     for n in g.nodes:
         if n.op == "Mul" and len(n.inputs) == 2:
             for x, s in (n.inputs, n.inputs[::-1]):
                 p = prod.get(s)
                 if p is not None and p.op == "Sigmoid" and p.inputs[0] == x:
-                    total += int(np.prod(g.tensors[x].shape))
+                    shapes.append(tuple(g.tensors[x].shape))
                     break
-    return total
+    return shapes
 
 
 def activation_passes(shape: tuple, threads: int, rounds: int) -> dict:
@@ -233,10 +233,10 @@ def what_if(name: str, threads: int, rounds: int) -> dict:
     t = interleaved(runners, rounds=rounds, burst_s=0.2)
     med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
     out = {"swapped": swapped, "median_ms": med, "ratio": med["activations_as_relu"] / med["as_is"], "rounds": rounds}
-    n_silu = silu_elements(g)
-    if n_silu:
-        big = max((tuple(g.tensors[n.inputs[0]].shape) for n in g.nodes if n.op == "Sigmoid"),
-                  key=lambda s: int(np.prod(s)))
+    shapes = silu_shapes(g)
+    if shapes:
+        n_silu = sum(int(np.prod(s)) for s in shapes)
+        big = max(shapes, key=lambda s: int(np.prod(s)))
         rate = activation_passes(big, threads, rounds)
         out["silu"] = {"values": n_silu, "probe_shape": list(big), "gvalues_per_s": rate,
                        "ms_at": {k: n_silu / r / 1e6 for k, r in rate.items()}}
