@@ -113,6 +113,22 @@ def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
         p = est.save(tmp_path / f"{name}.pt")
         r = predict_network("tiny-mlp", device="local-1t", weights=str(p))
         assert (r["warning"] is not None and "learnt 'local-1t' on another machine" in r["warning"]) == warned
+    # and it says which figures differ, in natural units
+    assert "peak_gflops" in r["warning"] and "mem_bw_gbs" in r["warning"]
+
+
+def test_device_feature_differences_name_the_figures_that_moved():
+    from tensorplan.devices import resolve
+    from tensorplan.devices.spec import feature_differences
+    a = resolve("epyc-9654")
+    b = resolve("epyc-9654")
+    assert feature_differences(a.feature_vector(), b.feature_vector()) == []
+    b.mem_bw_gbs = a.mem_bw_gbs / 2
+    diff = feature_differences(a.feature_vector(), b.feature_vector())
+    # bandwidth and the ridge point it sets move; nothing else does
+    assert [d.split()[0] for d in diff] == ["mem_bw_gbs", "ridge_flop_per_byte"]
+    old, new = (float(x) for x in diff[0].split()[1::2])
+    assert old == pytest.approx(a.mem_bw_gbs, rel=5e-3) and new == pytest.approx(a.mem_bw_gbs / 2, rel=5e-3)  # 3 digits
 
 
 def test_a_dynamic_model_needs_its_shapes_and_then_predicts_static_kernels(tmp_path):

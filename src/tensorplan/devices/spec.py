@@ -130,6 +130,20 @@ class DeviceSpec:
                 + (" (measured)" if self.measured else ""))
 
 
+def feature_differences(a, b, rtol: float = 0.05) -> list[str]:
+    """The entries of two device feature vectors that differ by more than `rtol`, in natural units
+    ("mem_bw_gbs 90.6 -> 40"): why a model that learnt one device treats the other as new."""
+    out = []
+    for name, x, y in zip(FEATURE_NAMES, np.asarray(a, float), np.asarray(b, float)):
+        if np.isclose(x, y, rtol=rtol):
+            continue
+        base = 10.0 if name.startswith("log10_") else 2.0 if name.startswith("log2_") else None
+        label = name.split("_", 1)[1] if base else name
+        show = (lambda v: base ** v - 1) if base else (lambda v: v)
+        out.append(f"{label} {show(x):.3g} -> {show(y):.3g}")
+    return out
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, np.generic):
         return o.item()

@@ -160,6 +160,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     `input_shapes` fixes the symbolic dimensions of a dynamic model (as `--input-shape` elsewhere)."""
     import tvm
 
+    from ..devices.spec import feature_differences
     from ..graph.load import resolve_model
     from .dataset import init_pool, time_module
     from .features import compact_ast
@@ -189,10 +190,11 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     here = device_features(dom) if learnt is None and learnt_all else None
     # a catalog name for hardware the model learnt under another name (h100-sxm is the 'h100' measured)
     same_as = next((d for d, v in learnt_all.items() if here is not None and np.allclose(v, here, rtol=0.05)), None)
-    if learnt is not None and not np.allclose(learnt, device_features(dom), rtol=0.05):
+    diff = feature_differences(learnt, device_features(dom)) if learnt is not None else []
+    if diff:
         warning = (f"zero-shot: the model learnt '{dom}' on another machine (its device vector differs from what "
-                   f"'{dom}' resolves to here); on a new CPU such predictions were off by 40-70 % (MAPE) in "
-                   "docs/cdmpp.md. Run `tensorplan calibrate` here (minutes) and predict again.")
+                   f"'{dom}' resolves to here: {', '.join(diff)}); on a new CPU such predictions were off by "
+                   "40-70 % (MAPE) in docs/cdmpp.md. Run `tensorplan calibrate` here (minutes) and predict again.")
     elif known and dom not in known and same_as is None:
         warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'; "
                    + ("on a new CPU such predictions were off by 40-70 % (MAPE, held-out CPUs) in docs/cdmpp.md. "
