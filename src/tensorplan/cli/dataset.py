@@ -92,8 +92,10 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
                                                "ahead of timing (on a many-core machine compiling is the bottleneck)."),
                    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
                    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
-    """Time the dataset's programs on this machine as a new device domain (same schedules and
-    features, new latencies); resumable. For cross-device evaluation and few-shot fine-tuning."""
+    """Time the dataset's programs on this machine as a new device domain; resumable.
+
+    Same schedules and features, new latencies: for cross-device evaluation and few-shot
+    fine-tuning."""
     from ..errors import TensorplanError
     try:
         ths = [int(t) for t in threads.split(",") if t.strip()]
@@ -136,8 +138,10 @@ def sample(target: str = typer.Option("nvidia/nvidia-h100", "--target", help="TV
            programs_per_task: int = typer.Option(8, "--programs-per-task", help="Valid schedules wanted per task."),
            workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Sampling processes (default: every CPU)."),
            json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
-    """Sample schedules of every task from TARGET's design space (with its postprocessors), for
-    measuring a GPU device domain with `measure-gpu` on the GPU machine."""
+    """Sample schedules of every task from TARGET's design space, for `measure-gpu`.
+
+    The design space's postprocessors are applied; `measure-gpu` then times the programs on the
+    GPU machine as a new device domain."""
     from ..predict.gpu_dataset import sample_programs, write_programs
     progs = sample_programs(target, data=data, programs_per_task=programs_per_task, workers=workers)
     write_programs(progs, out)
@@ -156,6 +160,7 @@ def measure_gpu(programs: Path = typer.Option(..., "--programs", help="Programs 
                 json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
                 no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Compile and time sampled CUDA programs on this machine's GPU as device NAME; resumable.
+
     `tensorplan dataset export --store S --out DIR` then writes them as a dataset."""
     from ..predict.gpu_dataset import measure_gpu as _measure, read_programs
     d = _measure(name, read_programs(programs), data=data, store=store, workers=workers,

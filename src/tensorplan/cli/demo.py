@@ -25,9 +25,11 @@ def register(app: typer.Typer) -> None:
                                                    help="Also race torch.compile of the model's PyTorch module "
                                                    "(zoo models and factories; compiling takes seconds to a minute)."),
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
-        """Import MODEL, check the reference executor against ONNX Runtime, show the device and
-        per-operator timings, then orchestrate fused kernels and race the plan against ONNX Runtime
-        and torch.compile."""
+        """The main job: plan MODEL's fused kernels and race the plan against ORT and torch.compile.
+
+        Imports MODEL, checks the reference executor against ONNX Runtime, shows the device and
+        per-operator timings, then orchestrates fused kernels and races the plan against ONNX
+        Runtime and torch.compile, interleaved."""
         from ..workflows.demo import run_demo
 
         con = Console(stderr=as_json)

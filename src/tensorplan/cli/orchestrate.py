@@ -62,8 +62,7 @@ def register(app: typer.Typer) -> None:
                                  "processes that pre-compile the candidates in parallel (Inductor caches)."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
     ) -> None:
-        """Fission, enumerate candidate kernels, cost them, solve the BLP, race the finalists end to
-        end, write a verified plan."""
+        """Fission, candidate kernels, measured costs, BLP, end-to-end race: a verified plan."""
         from ..graph.onnx_import import parse_input_shapes
         from ..workflows.race import orchestrate_raced
 
