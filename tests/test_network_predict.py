@@ -165,3 +165,14 @@ def test_gpu_predictions_are_checked_against_the_h100_timings_of_the_same_progra
     assert s["whole_network"] and s["kernels_measured"] == s["kernels"] >= 4
     assert 0.2 < s["total_ratio"] < 5 and s["measured_ms"] > 0
     assert all(k["measured_us"] == timed[(k["key"], k["sample"])]["us"] for k in res["kernels"])
+
+
+def test_a_corrupt_model_file_is_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all")
+    with pytest.raises(TensorplanError, match="bad.onnx: not a valid ONNX model"):
+        predict_network(str(bad))
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(TensorplanError, match="empty.onnx: file is empty"):
+        predict_network(str(empty))

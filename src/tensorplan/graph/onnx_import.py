@@ -55,7 +55,9 @@ def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
 
 
 # ------------------------------------------------------------------ loading
-def _load_proto(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str, Path | None]:
+def load_proto(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str, Path | None]:
+    """The ModelProto (external data not loaded), a label for errors, and the folder external data
+    is relative to. A missing, empty or corrupt file is one `ModelImportError` naming it."""
     if isinstance(model, onnx.ModelProto):
         return model, f"model '{model.graph.name or 'in memory'}'", None
     path = Path(model)
@@ -502,7 +504,7 @@ def import_onnx(model: str | Path | onnx.ModelProto,
 
 
 def _import(model, input_shapes, allow_unsupported, name) -> Graph:
-    proto, label, base = _load_proto(model)
+    proto, label, base = load_proto(model)
     if not proto.HasField("graph"):
         raise ModelImportError(f"{label}: not an ONNX model (no graph; truncated or a different file type)")
     opset = _check_opset(proto, label)

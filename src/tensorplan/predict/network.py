@@ -130,12 +130,10 @@ def static_onnx(path: Path, name: str, input_shapes: dict[str, tuple[int, ...]] 
     would give kernels with symbolic loop bounds, which no latency model can time)."""
     import hashlib
 
-    import onnx
-
-    from ..graph.onnx_import import import_onnx
+    from ..graph.onnx_import import import_onnx, load_proto
     from ..graph.to_onnx import graph_to_onnx
     from ..paths import atomic_write, cache_dir
-    proto = onnx.load(str(path), load_external_data=False)
+    proto = load_proto(path)[0]
     inits = {t.name for t in proto.graph.initializer}
     dynamic = any(d.dim_value <= 0 for i in proto.graph.input if i.name not in inits
                   for d in i.type.tensor_type.shape.dim)
@@ -166,6 +164,8 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     from .features import compact_ast
     from .tasks import network_tasks_and_gaps, task_io_of
 
+    path, name = resolve_model(model)
+    path = static_onnx(path, name, input_shapes)   # a bad model fails here, before any model loading
     dom = resolve_domain(device)
     threads = local_threads(dom) if measure else None
     if threads is not None:
@@ -206,8 +206,6 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         log(f"'{dom}' has the device vector of '{same_as}', which the model learnt: predicting it as '{same_as}'")
     if warning and log:
         log(f"warning: {warning}")
-    path, name = resolve_model(model)
-    path = static_onnx(path, name, input_shapes)
     t0 = time.perf_counter()
     tasks, gaps = network_tasks_and_gaps(path, name)
     if gaps and log:
