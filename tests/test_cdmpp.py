@@ -302,3 +302,19 @@ def test_hierarchy_estimate_tracks_latency_across_tasks_better_than_the_roofline
     hier = task_spread(hierarchy_seconds(parts, fit_cache_ratio(parts, lat, task)))
     assert hier < 0.8 * task_spread(roofline_seconds(arr))
     assert hier < 0.4 * task_spread(np.ones(len(lat)))
+
+
+def test_loading_a_file_that_is_not_a_model_is_one_clear_error(tmp_path):
+    import torch
+
+    from tensorplan.predict.cdmpp import load_estimator
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"junk" * 100)
+    with pytest.raises(TensorplanError, match="junk.pt' is not a readable tensorplan model file.*tensorplan train"):
+        load_estimator(junk)
+    other = tmp_path / "other.pt"
+    torch.save({"weights": [1, 2, 3]}, other)      # a torch file, but not ours
+    with pytest.raises(TensorplanError, match="other.pt' is not a tensorplan model file"):
+        load_estimator(other)
+    with pytest.raises(TensorplanError, match="does not exist"):
+        load_estimator(tmp_path / "missing.pt")

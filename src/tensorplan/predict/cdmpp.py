@@ -470,9 +470,14 @@ class Estimator(abc.ABC):
         path = Path(path)
         if not path.exists():
             raise TensorplanError(f"model file '{path}' does not exist")
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        hint = "pass a file written by `tensorplan train` (or leave out --weights for the shipped model)"
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - pickle, zip and torch errors for a truncated or foreign file
+            raise TensorplanError(f"'{path}' is not a readable tensorplan model file "
+                                  f"({type(e).__name__}: {str(e)[:120]}); {hint}") from None
         if not isinstance(blob, dict) or blob.get("format") != "tensorplan-estimator/1":
-            raise TensorplanError(f"'{path}' is not a tensorplan model file")
+            raise TensorplanError(f"'{path}' is not a tensorplan model file; {hint}")
         klass = _REGISTRY.get(blob["class"])
         if klass is None:
             raise TensorplanError(f"'{path}': unknown model class {blob['class']}")
