@@ -283,11 +283,14 @@ def _resolve_inputs(st: _State, proto: onnx.ModelProto,
             for k, d in enumerate(dims):
                 if not isinstance(d, int):
                     label = f"'{d}'" if isinstance(d, str) and d else "unknown"
-                    example = ",".join(str(x) if isinstance(x, int) else "1" for x in dims)
+                    open_ = [f"D{j}" if not (isinstance(x, str) and x) else x.upper()
+                             for j, x in enumerate(dims) if not isinstance(x, int)]
+                    it = iter(open_)
+                    pattern = ",".join(str(x) if isinstance(x, int) else next(it) for x in dims)
                     raise ModelImportError(
                         f"{st.label}: input '{name}' has a symbolic dimension {label} at index {k} "
                         f"(shape {_fmt_dims(dims)}); make it static with "
-                        f"--input-shape {name}={example}")
+                        f"--input-shape {name}={pattern}, giving {', '.join(open_)} the sizes you run it at")
             shape = tuple(int(d) for d in dims)
         st.input_types[name] = (dtype, shape)
         st.shapes[name] = (dtype, shape)
