@@ -17,7 +17,8 @@ def register(app: typer.Typer) -> None:
         processors: str = typer.Option("cpu,cpu2", help="real processors: 'cpu,cpu2' (two pinned processes, "
                                        "this machine) or 'cpu,cuda'"),
         simulate: str = typer.Option("", "--simulate", help="simulate a SoC instead: sd855 | sd865 | sd888 | kirin990"),
-        method: str = typer.Option("greedy", help="chain search: none | greedy | dp | exhaustive | cpu | gpu"),
+        method: str = typer.Option("greedy", help="chain search: none | greedy | dp | exhaustive | cpu | gpu "
+                                   "(real processors; --simulate compares every system)"),
         repeats: int = typer.Option(5, help="timed runs per segment (real processors)"),
         seed: int = typer.Option(0, help="simulator seed"),
         data: str = typer.Option("", help="CoDL training data dir (default: data/codl)"),
@@ -34,7 +35,6 @@ def register(app: typer.Typer) -> None:
             g = load_model(model)
             m = calibrate(simulate)
             res = {s: sim(g, m, s, seed=seed) for s in SYSTEMS}
-            main = "codl" if method == "greedy" else None
             out = {"model": model, "soc": simulate, "seed": seed,
                    "systems": {s: r.to_dict() for s, r in res.items()},
                    "note": "simulated: planner quality given the SoC model, not a device measurement"}
@@ -47,9 +47,8 @@ def register(app: typer.Typer) -> None:
             t = Table(title=f"{model} on {simulate} (simulated, seed {seed})")
             t.add_column("system"), t.add_column("latency ms", justify="right"), t.add_column("codl speedup", justify="right")
             for s, r in res.items():
-                t.add_row(s, f"{r.latency_s * 1e3:.1f}", f"{r.latency_s / res['codl'].latency_s:.2f}x")
+                t.add_row(s, f"{r.latency_s * 1e3:.3g}", f"{r.latency_s / res['codl'].latency_s:.2f}x")
             con.print(t)
-            _ = main
             return
         procs = tuple(p.strip() for p in processors.split(","))
         if procs == ("cpu", "cuda"):
