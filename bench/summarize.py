@@ -8,10 +8,45 @@ import argparse
 import json
 import math
 import statistics
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RES = ROOT / "bench" / "results"
+
+
+def repeats_section(rows: list[dict]) -> list[str]:
+    """Run-to-run spread of a model near the 1.5x line: the main run plus the repeats of the same
+    command in bench/results/korch_repeats/<model>/run*/ (this VM has slow and fast phases, so one
+    run does not settle which side of the line a model is on)."""
+    out = []
+    for r0 in rows:
+        name = r0["model"]
+        runs = [r0] + [json.loads(p.read_text()) for p in
+                       sorted(RES.glob(f"korch_repeats/{name}/run*/korch_{name}.json"))]
+        if len(runs) < 3:
+            continue
+        runs.sort(key=lambda r: r.get("started", 0))
+        lines = ["| run (UTC) | plan | tensorplan ms | ONNX Runtime ms | speed-up | × bound | × bound in run |",
+                 "|---|---|---:|---:|---:|---:|---:|"]
+        for r in runs:
+            when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.get("started", 0)))
+            lines.append(f"| {when} | {r['race']['chosen']} | {r['median_ms']['tensorplan']:.2f} | "
+                         f"{r['median_ms']['onnxruntime']:.2f} | {r['speedup_vs_best_baseline']:.2f}× | "
+                         f"{r['vs_roofline']:.2f} | {(r.get('vs_roofline_in_run') or float('nan')):.2f} |")
+        xb = [r["vs_roofline"] for r in runs]
+        xi = [r["vs_roofline_in_run"] for r in runs if r.get("vs_roofline_in_run")]
+        sp = [r["speedup_vs_best_baseline"] for r in runs]
+        out += ["", f"**{name} run to run.** {len(runs)} runs of the same command (the main run above plus "
+                f"`python bench/korch_bench.py --models {name} --results-dir "
+                f"bench/results/korch_repeats/{name}/runN --force`), back to back: × bound "
+                f"{min(xb):.2f}–{max(xb):.2f} (median {statistics.median(xb):.2f}; {sum(x <= 1.5 for x in xb)} of "
+                f"{len(xb)} within 1.5×), × the bound at each round's measured GEMM rate "
+                f"{min(xi):.2f}–{max(xi):.2f} (median {statistics.median(xi):.2f}), speed-up over the best baseline "
+                f"{min(sp):.2f}–{max(sp):.2f}×. The VM's fast and slow phases move the plan and ONNX Runtime "
+                "together, the GEMM probe less; a run in a slow phase can also flip the race to the OpenVINO "
+                "finalist, which slows down less there.", ""] + lines
+    return out
 
 
 def load(name: str) -> dict | None:
@@ -247,6 +282,8 @@ def korch_section(kdir: Path) -> list[str]:
                 "runs one, and a Korch kernel holds at most one linear primitive. Per-operator shares and the probe: `python bench/ort_profile.py --models "
                 + ",".join(n for n, _ in far) + "` (`bench/results/ort_profile.json`)."]
 
+    out += repeats_section(rows)
+
     # -- what the numbers say ----------------------------------------------------------------------
     rewritten = [r for r in rows if r.get("rewrites") and "no-rewrite" in r["median_ms"]]
     if rewritten:
@@ -293,10 +330,10 @@ def korch_section(kdir: Path) -> list[str]:
                  if "no-regions" in r["median_ms"]]
         out += ["", f"**Korch's kernels alone** (`no-regions`) reach {_geo(nr_vs):.2f}× of the best baseline "
                 f"(geomean); region candidates make the plan {_geo(nr):.2f}× faster than that (geomean). "
-                f"For {len(single)} of {len(rows)} models ({', '.join(single)}) the final plan is one ONNX "
-                "Runtime session over the (rewritten) model: there the plan ties ORT unless a rewrite fired, "
-                "and loses to torch.compile where that is faster. "
-                + (f"For {len(ov)} ({', '.join(ov)}) it is one OpenVINO region over the rewritten model, which "
+                + (f"For {len(single)} of {len(rows)} models ({', '.join(single)}) the final plan is one ONNX "
+                   "Runtime session over the (rewritten) model: there the plan ties ORT unless a rewrite fired, "
+                   "and loses to torch.compile where that is faster. " if single else "")
+                + (f"For {len(ov)} of {len(rows)} ({', '.join(ov)}) it is one OpenVINO region over the rewritten model, which "
                    "ran faster than the same operators as one ONNX Runtime session (the race runs a one-session "
                    "finalist on both backends). " if ov else "")
                 + (f"For {len(inductor)} ({', '.join(inductor)}) the kept plan is the whole rewritten graph "
