@@ -14,6 +14,7 @@ the pooled members: no weight is fitted, so no test label is used. `--blends-onl
 from the saved .npz without training.
 
 Usage: python bench/cdmpp_ensemble.py [--members 3] [--seconds 150] [--splits network,sample] [--blends-only]
+       python bench/cdmpp_ensemble.py --models xgboost-hier --add   # train one more model, merge it in
 Writes bench/results/cdmpp_ensemble.json (with the machine description), the members' log
 predictions as .npz and a predicted-vs-measured scatter coloured by the spread as .png.
 """
@@ -30,14 +31,17 @@ import numpy as np
 import typer
 
 HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"   # what `tensorplan evaluate` holds out (docs/cdmpp.md)
-MODELS = {"cdmpp": {"cmd_alpha": 1.0}, "cdmpp-nocmd": {"cmd_alpha": 0.0}, "xgboost": None}
+DEVICES = "local-1t,local-2t"                        # the collection CPU's domains (what the runs used)
+# CDMPP members: CDMPP(...) keyword arguments; XGBoost members (bagged rows and columns): TenSetXGB(...) ones
+MODELS = {"cdmpp": {"cmd_alpha": 1.0}, "cdmpp-nocmd": {"cmd_alpha": 0.0}}
+XGB_MODELS = {"xgboost": {}, "xgboost-hier": {"parts": True, "base": "hierarchy"}}
 
 
-def _splits(names: list[str], holdout: str):
+def _splits(names: list[str], holdout: str, devices: str = DEVICES):
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.evaluate import network_split, sample_split
 
-    ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
+    ds = load_dataset(None).only_devices(devices.split(",")).filter_stable(max_cov=0.01, metric="mad")
     out = {}
     for s in names:
         tr, va, te = network_split(ds, holdout.split(","), 0) if s == "network" else sample_split(ds, 0)
@@ -45,18 +49,18 @@ def _splits(names: list[str], holdout: str):
     return out
 
 
-def _member(split: str, model: str, seed: int, seconds: float, holdout: str) -> dict:
+def _member(split: str, model: str, seed: int, seconds: float, holdout: str, devices: str = DEVICES) -> dict:
     """Train one member in this process; return its test predictions and training time."""
     from tensorplan.predict.baselines import TenSetXGB
     from tensorplan.predict.cdmpp import CDMPP
 
-    tr, va, te = _splits([split], holdout)[split]
+    tr, va, te = _splits([split], holdout, devices)[split]
     unl = None
     if split == "network":                       # CMD sees the held-out programs, never their latencies
         unl = te.subset(np.arange(len(te)))
         unl.latency_s = None
-    if MODELS[model] is None:
-        m = TenSetXGB(seed=seed, subsample=0.7, colsample=0.7)
+    if model in XGB_MODELS:
+        m = TenSetXGB(seed=seed, subsample=0.7, colsample=0.7, **XGB_MODELS[model])
     else:
         m = CDMPP(epochs=4000, max_time_s=seconds, seed=seed, **MODELS[model])
     t0 = time.perf_counter()
@@ -105,7 +109,8 @@ def _plot(arrays: dict, splits: list[str], models: list[str], path: Path) -> Non
     plt.close(fig)
 
 
-BLENDS = (("cdmpp", "xgboost"), ("cdmpp-nocmd", "xgboost"), ("cdmpp", "cdmpp-nocmd", "xgboost"))
+BLENDS = (("cdmpp", "xgboost"), ("cdmpp-nocmd", "xgboost"), ("cdmpp", "cdmpp-nocmd", "xgboost"),
+          ("cdmpp-nocmd", "xgboost-hier"), ("cdmpp-nocmd", "xgboost", "xgboost-hier"))
 
 
 def _blends(arrays: dict, split_names: list[str]) -> dict:
@@ -131,8 +136,12 @@ def _blends(arrays: dict, split_names: list[str]) -> dict:
 def main(members: int = typer.Option(3, "--members"),
          seconds: float = typer.Option(150.0, "--seconds", help="Training budget per CDMPP member."),
          splits: str = typer.Option("network,sample", "--splits"),
-         models: str = typer.Option(",".join(MODELS), "--models"),
+         models: str = typer.Option("cdmpp,cdmpp-nocmd,xgboost", "--models",
+                                    help=f"Of {', '.join([*MODELS, *XGB_MODELS])}."),
          holdout: str = typer.Option(HOLDOUT, "--holdout"),
+         devices: str = typer.Option(DEVICES, "--devices", help="Device domains whose records are used."),
+         add: bool = typer.Option(False, "--add", help="Train only --models and merge them into the saved "
+                                  "run (same splits; the other models' members are kept)."),
          workers: int = typer.Option(2, "--workers", help="Members trained at once (processes)."),
          out: Path = typer.Option(Path("bench/results/cdmpp_ensemble.json"), "--out"),
          blends_only: bool = typer.Option(False, "--blends-only", help="Only recompute the mixed ensembles "
@@ -150,20 +159,30 @@ def main(members: int = typer.Option(3, "--members"),
     from tensorplan.predict.evaluate import machine_info
 
     split_names, model_names = splits.split(","), models.split(",")
+    unknown = [m for m in model_names if m not in MODELS and m not in XGB_MODELS]
+    if unknown:
+        raise typer.BadParameter(f"unknown model(s) {unknown}; known: {[*MODELS, *XGB_MODELS]}")
     jobs = [(s, m, k) for s in split_names for m in model_names for k in range(members)]
     t_all = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futs = [pool.submit(_member, s, m, k, seconds, holdout) for s, m, k in jobs]
+        futs = [pool.submit(_member, s, m, k, seconds, holdout, devices) for s, m, k in jobs]
         done = [f.result() for f in track(futs, description="training members")]
-    tests = {s: v[2] for s, v in _splits(split_names, holdout).items()}
-    res: dict = {"command": f"python bench/cdmpp_ensemble.py --members {members} --seconds {seconds:g} "
-                            f"--splits {splits} --models {models}",
-                 "holdout": holdout, "members": members, "seconds_per_cdmpp_member": seconds, "splits": {}}
+    tests = {s: v[2] for s, v in _splits(split_names, holdout, devices).items()}
+    command = (f"python bench/cdmpp_ensemble.py --members {members} --seconds {seconds:g} --splits {splits} "
+               f"--models {models} --devices {devices}" + (" --add" if add else ""))
+    res: dict = {"command": command, "holdout": holdout, "devices": devices, "members": members,
+                 "seconds_per_cdmpp_member": seconds, "splits": {}}
     arrays: dict[str, np.ndarray] = {}
+    if add:   # the saved run's members stay; the new ones must have been scored on the same records
+        arrays = dict(np.load(out.with_suffix(".npz")))
+        prev = json.loads(out.read_text())
+        res = {**prev, "splits": prev["splits"], "added": prev.get("added", []) + [{"command": command}]}
     for s in split_names:
         y = tests[s].latency_s
+        if add and not np.array_equal(arrays[f"{s}/latency_s"], y):
+            raise SystemExit(f"--add: the {s} split's test records differ from the saved run's; rerun without --add")
         arrays[f"{s}/latency_s"] = y
-        res["splits"][s] = {"n_test": int(len(y)), "models": {}}
+        res["splits"].setdefault(s, {"n_test": int(len(y)), "models": {}})
         for m in model_names:
             rows = sorted((d for d in done if d["split"] == s and d["model"] == m), key=lambda d: d["seed"])
             L = np.log(np.maximum(np.array([d["pred"] for d in rows]), 1e-12))
@@ -182,6 +201,12 @@ def main(members: int = typer.Option(3, "--members"),
                   f"ens {entry['ensemble_shrink0']['mape_pct']:.1f}  shrink1 {entry['ensemble_shrink1']['mape_pct']:.1f} "
                   f"(median APE {entry['ensemble_shrink1']['median_ape_pct']:.1f})", flush=True)
     res["blends"] = _blends(arrays, split_names)
+    if add:
+        res["added"][-1].update(wall_s=time.perf_counter() - t_all, loadavg=list(os.getloadavg()))
+        out.write_text(json.dumps(res, indent=1))
+        np.savez_compressed(out.with_suffix(".npz"), **arrays)
+        print(f"wrote {out}, {out.with_suffix('.npz')} (added {models})")
+        return
     res["wall_s"] = time.perf_counter() - t_all
     res["loadavg"] = list(os.getloadavg())
     res["machine"] = machine_info()

@@ -134,3 +134,29 @@ def test_task_io_of_a_parsed_program_matches_its_script(cdmpp_small):
         mod = task_from_script(t["task_key"], t["task_name"], t["script"], {}, 0.0).mod
         assert task_io_of(mod) == pytest.approx(task_io_vector(t["script"]))
         assert task_io_of(mod["main"]) == task_io_of(mod)
+
+
+def test_xgboost_hierarchy_options(cdmpp_small, tmp_path):
+    """parts=True adds the log compute / footprint / traffic seconds and the log estimate as columns;
+    base="hierarchy" makes the trees predict log(latency / estimate), with the cache ratio fitted on
+    the training split and kept through save/load."""
+    import xgboost as xgb
+
+    from tensorplan.predict.cdmpp import fit_cache_ratio, hierarchy_parts, hierarchy_seconds
+
+    tr, te = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
+    m = TenSetXGB(n_rounds=60, parts=True, base="hierarchy").fit(tr)
+    assert m.cache_ratio == fit_cache_ratio(hierarchy_parts(tr), tr.latency_s, tr.task_key)
+    X = m._features(te)
+    assert X.shape[1] == summed_features(te).shape[1] + 4
+    log_est = np.log(hierarchy_seconds(hierarchy_parts(te), m.cache_ratio))
+    np.testing.assert_allclose(X[:, -1], log_est, rtol=1e-5)
+    z = m.booster.predict(xgb.DMatrix(X)).astype(np.float64)
+    np.testing.assert_allclose(m.predict(te), np.exp(z + log_est), rtol=1e-5)
+    ly = np.log(tr.latency_s)
+    assert np.mean(np.abs(np.log(m.predict(tr)) - ly)) < 0.8 * np.mean(np.abs(ly.mean() - ly))
+    back = load_estimator(m.save(tmp_path / "xgb_hier.pt"))
+    assert back.base == "hierarchy" and back.parts and back.cache_ratio == m.cache_ratio
+    np.testing.assert_allclose(back.predict(te), m.predict(te), rtol=1e-6)
+    with pytest.raises(TensorplanError, match="base"):
+        TenSetXGB(base="roofline")

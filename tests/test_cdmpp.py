@@ -318,3 +318,28 @@ def test_loading_a_file_that_is_not_a_model_is_one_clear_error(tmp_path):
         load_estimator(other)
     with pytest.raises(TensorplanError, match="does not exist"):
         load_estimator(tmp_path / "missing.pt")
+
+
+def test_parts_input_feeds_standardised_log_hierarchy_parts(small, tmp_path):
+    """parts_input=True: the net reads the program's log compute / footprint / traffic seconds,
+    standardised with the training split's mean and std, and the normaliser survives save/load."""
+    from tensorplan.predict.cdmpp import hierarchy_parts, load_estimator
+
+    tr, te = as_arrays(small["train"]), as_arrays(small["test"])
+    m = CDMPP(epochs=10, batch_size=64, seed=0, parts_input=True).fit(tr)
+    assert m.io_dim == 3 and m.net.io_dim == 3
+    lp = np.log(np.maximum(hierarchy_parts(tr), 1e-10))
+    np.testing.assert_allclose(m.parts_norm[0], lp.mean(0), rtol=1e-6)
+    io = m._io(te, np.arange(len(te))).numpy()
+    expect = (np.log(np.maximum(hierarchy_parts(te), 1e-10)) - lp.mean(0)) / np.maximum(lp.std(0), 1e-6)
+    np.testing.assert_allclose(io, expect, rtol=1e-4, atol=1e-5)
+    back = load_estimator(m.save(tmp_path / "parts.pt"))
+    assert back.parts_input and back.parts_norm is not None
+    np.testing.assert_allclose(back.predict(te), m.predict(te), rtol=1e-5)
+    # a different input moves the prediction: the branch is wired in
+    te2 = te.subset(np.arange(len(te)))
+    te2.flops = te.flops * 1000.0
+    assert not np.allclose(m.predict(te2), m.predict(te))
+    te2.flops = None
+    with pytest.raises(TensorplanError, match="FLOP"):
+        m.predict(te2)

@@ -70,6 +70,8 @@ def test_harness_names_ensembles():
     ens = make_model("xgboost-ens", quick=True, seed=2)
     assert isinstance(ens, Ensemble) and len(ens.members) == 3
     assert [(m.seed, m.subsample) for m in ens.members] == [(2, 0.7), (3, 0.7), (4, 0.7)]
+    hier = make_model("xgboost-hier-ens2", quick=True)
+    assert [(m.base, m.parts, m.subsample) for m in hier.members] == [("hierarchy", True, 0.7)] * 2
     ens5 = make_model("cdmpp-nocmd-ens5", quick=True)
     assert len(ens5.members) == 5 and all(m.cmd_alpha == 0.0 for m in ens5.members)
     with pytest.raises(TensorplanError, match="unknown model"):

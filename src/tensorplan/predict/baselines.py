@@ -3,7 +3,10 @@
 - `TenSetXGB`: XGBoost on the program's per-store features summed over stores (+ leaf count and
   device features), regressing log latency (CDMPP's "XGB on summed per-store features"; TenSet's
   hyperparameters). TenSet's own label (throughput normalised per task) cannot give absolute
-  latency, so log seconds is used for every model here.
+  latency, so log seconds is used for every model here. Options past TenSet: `parts=True` adds
+  the program's log compute / DRAM-footprint / cache-traffic seconds on its device
+  (`cdmpp.hierarchy_parts`), `base="hierarchy"` regresses log(latency / `hierarchy_seconds`), so
+  trees, which cannot extrapolate, predict a bounded factor and the estimate carries the scale.
 - `TenSetMLP`: TenSet's SegmentSumMLP: per-store MLP, sum over stores, two residual blocks; the
   device vector is added after the sum so one model covers several devices.
 - `TLPModel`: TLP-style model over the schedule trace (the meta-schedule instruction sequence):
@@ -14,8 +17,6 @@
 from __future__ import annotations
 
 import abc
-
-import io
 import math
 import time
 from typing import Any
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..errors import TensorplanError
 from .cdmpp import (LEAF_DIM, Estimator, FeatureScaler, ProgramArrays, _labelled, as_arrays, device_peak_bw,
-                    program_bytes, register, torch_threads)
+                    fit_cache_ratio, hierarchy_parts, hierarchy_seconds, program_bytes, register, torch_threads)
 from .tasks import TASK_IO_DIM
 
 def summed_features(arr: ProgramArrays) -> np.ndarray:
@@ -52,10 +53,15 @@ class TenSetXGB(Estimator):
 
     def __init__(self, max_depth: int = 6, gamma: float = 0.003, min_child_weight: float = 2.0,
                  eta: float = 0.2, n_rounds: int = 400, early_stop: int = 100, threads: int | None = None,
-                 seed: int = 0, subsample: float = 1.0, colsample: float = 1.0):
+                 seed: int = 0, subsample: float = 1.0, colsample: float = 1.0, parts: bool = False,
+                 base: str = "none"):
         self.max_depth, self.gamma, self.min_child_weight, self.eta = max_depth, gamma, min_child_weight, eta
         self.n_rounds, self.early_stop, self.threads, self.seed = n_rounds, early_stop, threads, seed
         self.subsample, self.colsample = subsample, colsample
+        if base not in ("none", "hierarchy"):
+            raise TensorplanError(f"xgboost: base must be 'none' or 'hierarchy', got {base!r}")
+        self.parts, self.base = parts, base
+        self.cache_ratio: float | None = None   # fitted on the training split when parts or base is on
         self.booster = None
 
     def _params(self):
@@ -65,15 +71,31 @@ class TenSetXGB(Estimator):
         p["nthread"] = self.threads or 1  # see cdmpp.torch_threads: spinning workers on a shared 2-core box
         return p
 
+    def _log_estimate(self, arr: ProgramArrays) -> np.ndarray:
+        return np.log(hierarchy_seconds(hierarchy_parts(arr), self.cache_ratio))
+
+    def _features(self, arr: ProgramArrays) -> np.ndarray:
+        f = summed_features(arr)
+        if not self.parts:
+            return f
+        return np.hstack([f, arr.log_hierarchy_parts, self._log_estimate(arr)[:, None]]).astype(np.float32)
+
+    def _offset(self, arr: ProgramArrays) -> np.ndarray:
+        """What the trees' output is relative to, in log seconds (0, or the hierarchy estimate)."""
+        return self._log_estimate(arr) if self.base == "hierarchy" else np.zeros(len(arr))
+
     def fit(self, train, val=None, target=None):
         import xgboost as xgb
 
         tr = as_arrays(train)
-        dtr = xgb.DMatrix(summed_features(tr), label=np.log(_labelled(tr, "xgboost.fit")))
+        y = _labelled(tr, "xgboost.fit")
+        if self.parts or self.base != "none":
+            self.cache_ratio = fit_cache_ratio(hierarchy_parts(tr), y, tr.task_key)
+        dtr = xgb.DMatrix(self._features(tr), label=np.log(y) - self._offset(tr))
         evals, kw = [], {}
         if val is not None and as_arrays(val).latency_s is not None:
             va = as_arrays(val)
-            evals = [(xgb.DMatrix(summed_features(va), label=np.log(va.latency_s)), "val")]
+            evals = [(xgb.DMatrix(self._features(va), label=np.log(va.latency_s) - self._offset(va)), "val")]
             kw["early_stopping_rounds"] = self.early_stop
         self.booster = xgb.train(self._params(), dtr, num_boost_round=self.n_rounds, evals=evals,
                                  verbose_eval=False, **kw)
@@ -89,18 +111,20 @@ class TenSetXGB(Estimator):
         bi = getattr(self.booster, "best_iteration", None)
         if bi is not None and self.booster.attr("best_iteration") is not None:
             kw["iteration_range"] = (0, int(bi) + 1)
-        return np.exp(self.booster.predict(xgb.DMatrix(summed_features(arr)), **kw).astype(np.float64))
+        z = self.booster.predict(xgb.DMatrix(self._features(arr)), **kw).astype(np.float64)
+        return np.exp(z + self._offset(arr))
 
     def _state(self):
         if self.booster is None:
             raise TensorplanError("xgboost.save: the model is not trained")
-        return {"booster": bytes(self.booster.save_raw("ubj"))}
+        return {"booster": bytes(self.booster.save_raw("ubj")), "cache_ratio": self.cache_ratio}
 
     def _set_state(self, st):
         import xgboost as xgb
 
         self.booster = xgb.Booster(params=self._params())
         self.booster.load_model(bytearray(st["booster"]))
+        self.cache_ratio = st.get("cache_ratio")
 
 
 # --------------------------------------------------------------------------------------------

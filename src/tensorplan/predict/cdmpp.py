@@ -108,6 +108,16 @@ class ProgramArrays:
     def n_leaves(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    @property
+    def log_hierarchy_parts(self) -> np.ndarray:
+        """[N, 3] log of `hierarchy_parts` (seconds), computed once per array (models read it per
+        batch) and again when the FLOP counts or device vectors are replaced."""
+        key = (self.flops, self.device, self.leaf_data)
+        cached = self.__dict__.get("_log_parts")
+        if cached is None or any(a is not b for a, b in zip(cached[0], key)):
+            cached = self.__dict__["_log_parts"] = (key, np.log(np.maximum(hierarchy_parts(self), 1e-10)))
+        return cached[1]
+
     def leaves(self, i: int) -> np.ndarray:
         return self.leaf_data[self.offsets[i]:self.offsets[i + 1]]
 
@@ -690,8 +700,8 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
 
         def embedding(self, x, pos, valid, dev, layer: str = "r", io=None):
             """Returns r, the last hidden layer (where CMD aligns domains), or with layer="z" the
-            program + device embedding that feeds the regressor. `io`: the task's log2 buffer sizes
-            (only when the net was built with io_dim > 0)."""
+            program + device embedding that feeds the regressor. `io`: per-program inputs next to the
+            pooled leaves, scaled by the caller (`CDMPP._io`; only when the net was built with io_dim > 0)."""
             vm = valid.unsqueeze(-1).to(x.dtype)
             cnt = vm.sum(1).clamp(min=1.0)
             flat = None
@@ -708,7 +718,7 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
             if flat is not None:
                 pooled = torch.cat([pooled, flat], dim=1)
             if self.io_dim:
-                pooled = torch.cat([pooled, io / 16.0], dim=1)
+                pooled = torch.cat([pooled, io], dim=1)
             z = self.mlp_emb(pooled)
             z = self.norm0(z) + self.norm0(self.mlp_dev(dev))
             return z if layer == "z" else self.mlp_reg(z)
@@ -732,7 +742,7 @@ class CDMPP(Estimator):
     def __init__(self, d_model: int = 64, n_layers: int = 1, n_heads: int = 4, d_ff: int = 128,
                  dropout: float = 0.05, emb_dim: int = 64, hidden: int = 192, max_leaves: int = 64,
                  max_pos: int = 1024, use_pe: bool = True, target: str = "log", emb_norm: str = "layer",
-                 flat_skip: bool = False, task_io: bool = False, base: str = "none",
+                 flat_skip: bool = False, task_io: bool = False, base: str = "none", parts_input: bool = False,
                  lr: float = 1e-3, weight_decay: float = 1.307e-5, batch_size: int = 128,
                  epochs: int = 60, max_time_s: float | None = None, cycle_epochs: float = 10.0,
                  w_mse: float = 1.0, w_mape: float = 0.1, ape_cap: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
@@ -749,6 +759,8 @@ class CDMPP(Estimator):
             raise TensorplanError(f"cdmpp: base must be 'none', 'roofline' or 'hierarchy', got {base!r}")
         self.base = base
         self.cache_ratio: float | None = None   # fitted on the training split (base="hierarchy")
+        self.parts_input = parts_input
+        self.parts_norm: tuple[list, list] | None = None  # mean, std of log hierarchy parts (training split)
         self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
         self.max_time_s, self.cycle_epochs = max_time_s, cycle_epochs
         self.ape_cap = ape_cap
@@ -776,15 +788,31 @@ class CDMPP(Estimator):
         return (torch.from_numpy(x), torch.from_numpy(p), torch.from_numpy(v),
                 torch.from_numpy(arr.device[idx]))
 
+    @property
+    def io_dim(self) -> int:
+        return (TASK_IO_DIM if self.task_io else 0) + (3 if self.parts_input else 0)
+
     def _io(self, arr: ProgramArrays, idx: np.ndarray):
-        """The task-size input (`task_io=True`): log2 buffer element counts of each record's task."""
-        if not self.task_io:
+        """Per-program inputs beside the pooled leaves, or None.
+
+        `task_io=True`: log2 buffer element counts of each record's task (/16). `parts_input=True`: the
+        program's log compute, DRAM-footprint and cache-traffic seconds on its device (`hierarchy_parts`),
+        standardised on the training split: the sums over stores that the Transformer's per-leaf
+        attention does not form by itself, and the device's peak and bandwidth folded in.
+        """
+        if not self.io_dim:
             return None
         import torch
-        if arr.task_io is None:
-            raise TensorplanError("cdmpp: this model reads the task's buffer sizes (task_io=True), but the "
-                                  "records carry none; load them with `predict.dataset.load_dataset`")
-        return torch.from_numpy(np.ascontiguousarray(arr.task_io[idx, :TASK_IO_DIM], np.float32))
+        cols = []
+        if self.task_io:
+            if arr.task_io is None:
+                raise TensorplanError("cdmpp: this model reads the task's buffer sizes (task_io=True), but the "
+                                      "records carry none; load them with `predict.dataset.load_dataset`")
+            cols.append(arr.task_io[idx, :TASK_IO_DIM] / 16.0)
+        if self.parts_input:
+            mean, std = (np.asarray(v) for v in self.parts_norm)
+            cols.append((arr.log_hierarchy_parts[idx] - mean) / std)
+        return torch.from_numpy(np.ascontiguousarray(np.hstack(cols), np.float32))
 
     def _base(self, arr: ProgramArrays) -> np.ndarray:
         """What the target is relative to: 1 s, or (`base="roofline"`) the program's roofline bound on
@@ -833,10 +861,13 @@ class CDMPP(Estimator):
         if self.base == "hierarchy":
             self.cache_ratio = fit_cache_ratio(hierarchy_parts(tr), y, tr.task_key)
         self.ytf = TargetTransform.fit(y / self._base(tr), self.target)
+        if self.parts_input:
+            lp = tr.log_hierarchy_parts
+            self.parts_norm = (lp.mean(0).tolist(), np.maximum(lp.std(0), 1e-6).tolist())
         self.dev_dim = tr.device.shape[1]
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
                               self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe, self.emb_norm,
-                              self.flat_skip, TASK_IO_DIM if self.task_io else 0)
+                              self.flat_skip, self.io_dim)
         steps_per_epoch = max(1, math.ceil(len(tr) / self.batch_size))
         self._train_loop(tr, val=as_arrays(val) if val is not None else None,
                          target=as_arrays(target) if target is not None else None,
@@ -989,6 +1020,8 @@ class CDMPP(Estimator):
         nm = {"features": self.scaler.to_dict(), "target": self.ytf.to_dict(), "dev_dim": self.dev_dim}
         if self.cache_ratio is not None:
             nm["cache_ratio"] = self.cache_ratio
+        if self.parts_norm is not None:
+            nm["parts_norm"] = self.parts_norm
         return nm
 
     def _state(self):
@@ -1003,9 +1036,10 @@ class CDMPP(Estimator):
         self.ytf = TargetTransform.from_dict(nm["target"])
         self.dev_dim = int(nm["dev_dim"])
         self.cache_ratio = float(nm["cache_ratio"]) if "cache_ratio" in nm else None
+        self.parts_norm = nm.get("parts_norm")
         self.net = _build_net(LEAF_DIM, self.dev_dim, self.d_model, self.n_layers, self.n_heads, self.d_ff,
                               self.dropout, self.emb_dim, self.hidden, self.max_pos, self.use_pe, self.emb_norm,
-                              self.flat_skip, TASK_IO_DIM if self.task_io else 0)
+                              self.flat_skip, self.io_dim)
         try:
             self.net.load_state_dict(st["net"])
         except RuntimeError as e:

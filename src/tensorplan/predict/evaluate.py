@@ -61,7 +61,7 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
     ens = re.fullmatch(r"(.+)-ens(\d*)", name)
     if ens:
         base, k = ens.group(1), int(ens.group(2) or ENSEMBLE_MEMBERS)
-        member = "xgboost-bagged" if base == "xgboost" else base
+        member = f"{base}-bagged" if base.startswith("xgboost") else base
         return Ensemble.of(lambda s: make_model(member, quick, time_scale, s), k, seed=seed)
 
     if quick:
@@ -71,8 +71,13 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "cdmpp-nocmd": lambda: CDMPP(epochs=3, batch_size=128, cmd_alpha=0.0, finetune_steps=10, **common),
             "cdmpp-roofline": lambda: CDMPP(epochs=3, batch_size=128, finetune_steps=10, base="roofline", **common),
             "cdmpp-hierarchy": lambda: CDMPP(epochs=3, batch_size=128, finetune_steps=10, base="hierarchy", **common),
+            "cdmpp-nocmd-parts": lambda: CDMPP(epochs=3, batch_size=128, cmd_alpha=0.0, finetune_steps=10,
+                                               parts_input=True, **common),
             "xgboost": lambda: TenSetXGB(n_rounds=20, **common),
             "xgboost-bagged": lambda: TenSetXGB(n_rounds=20, subsample=0.7, colsample=0.7, **common),
+            "xgboost-hier": lambda: TenSetXGB(n_rounds=20, parts=True, base="hierarchy", **common),
+            "xgboost-hier-bagged": lambda: TenSetXGB(n_rounds=20, parts=True, base="hierarchy", subsample=0.7,
+                                                     colsample=0.7, **common),
             "mlp": lambda: TenSetMLP(epochs=2, **common),
             "tlp": lambda: TLPModel(epochs=2, **common),
             "roofline": lambda: RooflineLinear(),
@@ -87,8 +92,17 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "cdmpp-roofline": lambda: CDMPP(epochs=400, max_time_s=240 * t, base="roofline", seed=seed),
             # ... or over a compute + DRAM footprint + cache traffic estimate (`cdmpp.hierarchy_seconds`)
             "cdmpp-hierarchy": lambda: CDMPP(epochs=400, max_time_s=240 * t, base="hierarchy", seed=seed),
+            # without CMD, reading the program's log compute / footprint / traffic seconds (`parts_input`)
+            "cdmpp-nocmd-parts": lambda: CDMPP(epochs=400, max_time_s=240 * t, cmd_alpha=0.0, parts_input=True,
+                                               seed=seed),
             "xgboost": lambda: TenSetXGB(seed=seed),
             "xgboost-bagged": lambda: TenSetXGB(seed=seed, subsample=0.7, colsample=0.7),
+            # + the program's log compute / footprint / traffic seconds, regressing latency over their
+            # estimate (`cdmpp.hierarchy_seconds`): trees predict a bounded factor, the estimate the scale
+            "xgboost-parts": lambda: TenSetXGB(seed=seed, parts=True),
+            "xgboost-hier": lambda: TenSetXGB(seed=seed, parts=True, base="hierarchy"),
+            "xgboost-hier-bagged": lambda: TenSetXGB(seed=seed, parts=True, base="hierarchy", subsample=0.7,
+                                                     colsample=0.7),
             "mlp": lambda: TenSetMLP(epochs=300, max_time_s=90 * t, seed=seed),
             # TLP gets CDMPP's budget: both are attention models, step-starved on a 2-core CPU
             "tlp": lambda: TLPModel(epochs=200, max_time_s=240 * t, seed=seed),
