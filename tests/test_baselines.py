@@ -160,3 +160,25 @@ def test_xgboost_hierarchy_options(cdmpp_small, tmp_path):
     np.testing.assert_allclose(back.predict(te), m.predict(te), rtol=1e-6)
     with pytest.raises(TensorplanError, match="base"):
         TenSetXGB(base="roofline")
+
+
+def test_train_a_hierarchy_xgboost_and_predict_a_network_with_it(cdmpp_small, tmp_path):
+    """`tensorplan train --model xgboost-hier` path: the tree model trains through the same `train`,
+    records its domains, and `predict --weights` uses it for a whole network."""
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+    from tensorplan.predict.cdmpp import train
+    from tensorplan.predict.network import predict_network
+
+    model, info = train(cdmpp_small["ds"], out=tmp_path / "xh.pt", max_cov=0.25,
+                        make=lambda s: TenSetXGB(n_rounds=40, parts=True, base="hierarchy", seed=s))
+    assert info["model"] == "TenSetXGB" and info["val"]["n"] > 0 and info["train_time_s"] > 0
+    assert model.domains_ == ["local-1t", "local-2t"] and model.cache_ratio is not None
+    r = predict_network("tiny-mlp", device="local-1t", weights=tmp_path / "xh.pt")
+    assert r["predictor"] == "TenSetXGB" and r["n_kernels"] >= 3
+    assert all(k["predicted_us"] > 0 for k in r["kernels"])
+    out = CliRunner().invoke(app, ["train", "--model", "nothing-like-it", "--out", str(tmp_path / "x.pt")])
+    assert out.exit_code != 0 and "unknown model" in out.output
+    out = CliRunner().invoke(app, ["train", "--model", "xgboost-hier", "--ship"])
+    assert out.exit_code != 0 and "--ship" in out.output

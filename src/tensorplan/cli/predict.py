@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import TensorplanError
+
 _err = Console(stderr=True)
 
 
@@ -28,7 +30,10 @@ def register(app: typer.Typer) -> None:
         devices: Optional[str] = typer.Option(None, "--devices", help="Comma-separated device domains (default: all)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Where to save the model (.pt; default: cache)."),
         ship: bool = typer.Option(False, "--ship", help="Save to the packaged weights (predict/weights/cdmpp-local.pt)."),
-        epochs: int = typer.Option(400, "--epochs", help="Maximum epochs."),
+        model: str = typer.Option("cdmpp", "--model", help="cdmpp (default: without CMD), or a harness model such "
+                                  "as xgboost-hier (trees over an analytic compute + memory estimate, which "
+                                  "carries best to another CPU; docs/cdmpp.md); use it with predict --weights."),
+        epochs: int = typer.Option(400, "--epochs", help="Maximum epochs (cdmpp)."),
         max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds (per member)."),
         members: int = typer.Option(1, "--members", help="Train an ensemble of this many seeds (>= 2): "
                                     "averaged predictions and a per-kernel spread."),
@@ -36,13 +41,27 @@ def register(app: typer.Typer) -> None:
         stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Train CDMPP on the measured dataset (stable records) and save it."""
+        """Train CDMPP (or --model) on the measured dataset (stable records) and save it."""
         from ..paths import cache_dir
         from ..predict.cdmpp import SHIPPED_MODEL, train
+        from ..predict.evaluate import make_model
 
-        dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / "cdmpp.pt")
+        if ship and model != "cdmpp":
+            raise typer.BadParameter("--ship packages CDMPP only; save other models with --out", param_hint="--model")
+        make = None
+        if model != "cdmpp":
+            if model.startswith("cdmpp") or "+" in model or "-ens" in model:
+                raise typer.BadParameter(f"'{model}': pass cdmpp (with --epochs/--max-time) or a single baseline "
+                                         "such as xgboost-hier; --members makes an ensemble", param_hint="--model")
+            try:
+                make_model(model)                           # unknown names fail here, before any data loads
+            except TensorplanError as e:
+                raise typer.BadParameter(str(e), param_hint="--model") from e
+            make = lambda s: make_model(model, seed=s)      # noqa: E731
+        dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / f"{model}.pt")
         _, info = train(data, devices=devices.split(",") if devices else None, out=dest, epochs=epochs,
-                        max_time_s=max_time, max_cov=max_spread, stability=stability, members=members)
+                        max_time_s=max_time, max_cov=max_spread, stability=stability, members=members,
+                        make=make)
         if json_out:
             print(_dump(info))
             return

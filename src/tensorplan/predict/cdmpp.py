@@ -32,7 +32,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -1158,12 +1158,14 @@ def resolve_domain(device: str) -> str:
 
 def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | None = None,
           max_cov: float = 0.01, stability: str = "mad", log=None, members: int = 1,
-          **params) -> tuple[Estimator, dict]:
+          make: Callable[[int], Estimator] | None = None, **params) -> tuple[Estimator, dict]:
     """Train CDMPP on every stable record of `devices` (default: all) of a dataset; save to `out`.
 
     Stability: repeat spread <= max_cov, measured as MAD/median by default (`stability="mad"`): on a
     shared machine one preempted repeat inflates the CoV of an otherwise well-measured program.
-    `members > 1` trains an `ensemble.Ensemble` of that many seeds (each with the full budget)."""
+    `members > 1` trains an `ensemble.Ensemble` of that many seeds (each with the full budget).
+    `make(seed)` builds another estimator instead of CDMPP(**params) (e.g. a baseline from
+    `evaluate.make_model`); `params` are then not used."""
     from .dataset import load_dataset
 
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
@@ -1173,24 +1175,29 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     if len(ds) == 0:
         raise TensorplanError(f"train: no stable records for devices {devices or 'any'} in '{ds.path}'")
     arr = as_arrays(ds)
-    rng = np.random.default_rng(params.get("seed", 0))
+    seed = params.get("seed", 0)
+    rng = np.random.default_rng(seed)
     val_m = rng.random(len(arr)) < 0.05
+    build = make or (lambda s: CDMPP(**{**params, "seed": s}))
     if members > 1:
         from .ensemble import Ensemble
 
-        model = Ensemble.of(lambda s: CDMPP(**{**params, "seed": s}), members, seed=params.get("seed", 0))
+        model = Ensemble.of(build, members, seed=seed)
         parts = model.members
     else:
-        model = CDMPP(**params)
+        model = build(seed)
         parts = [model]
+    t0 = time.perf_counter()
     model.fit(arr.subset(np.flatnonzero(~val_m)), val=arr.subset(np.flatnonzero(val_m)))
     val = arr.subset(np.flatnonzero(val_m))
     model.domains_ = sorted(set(arr.device_name))  # saved with it: `predict` says when a device is not among them
     model.domain_features_ = {d: device_features(d, ds.devices).tolist() for d in model.domains_}
+    epochs = [len(getattr(m, "history", [])) for m in parts]
     info = {"records": len(arr), "stability": f"{stability} <= {max_cov}", "devices": sorted(set(arr.device_name)),
-            "members": len(parts), "train_time_s": sum(m.train_time_s for m in parts),
+            "model": type(parts[0]).__name__, "members": len(parts),
+            "train_time_s": sum(getattr(m, "train_time_s", 0.0) for m in parts) or time.perf_counter() - t0,
             "val": regression_metrics(model.predict(val), val.latency_s),
-            "epochs_run": [len(m.history) for m in parts] if members > 1 else len(model.history)}
+            "epochs_run": epochs if members > 1 else epochs[0]}
     if out is not None:
         p = model.save(out)
         info["path"] = str(p)
