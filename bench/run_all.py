@@ -43,7 +43,22 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-eval", [TP, "evaluate", "--holdout", "efficientvit-b1,tiny-mlp,mobilenet-v2", "--time-scale", "0.625",
                     "--out", "bench/results/cdmpp_eval.json", "--doc", "docs/cdmpp.md"], 50),
     ("cdmpp-ensemble", [PY, "bench/cdmpp_ensemble.py"], 20),
-    ("cdmpp-by-network", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost,cdmpp,cdmpp-nocmd"], 100),
+    ("cdmpp-ensemble-hier", [PY, "bench/cdmpp_ensemble.py", "--models", "xgboost-hier", "--add"], 3),
+    ("cdmpp-by-network", [PY, "bench/cdmpp_by_network.py", "--models",
+                          "xgboost,cdmpp,cdmpp-nocmd,xgboost-hier,xgboost-parts,cdmpp-nocmd-parts,"
+                          "cdmpp-nocmd-parts+xgboost-hier"], 190),
+    # the analytic estimate across CPUs (docs/cdmpp.md, "An analytic estimate for the trees")
+    *((f"cdmpp-xgb-hier-{tag}", [TP, "evaluate", "--splits", "device", "--models", "xgboost,xgboost-hier", *args,
+                                 "--out", f"bench/results/cdmpp_xgb_hier_{tag}.json"], 3)
+      for tag, args in (("device", ["--devices", "local-1t,local-2t", "--models", "xgboost,xgboost-parts,xgboost-hier"]),
+                        ("zen4", ["--source", "local-1t", "--target", "zen4-1t"]),
+                        ("zen4_multi", ["--source", "local-1t,local-2t,gpuhost-1t,gpuhost-16t", "--target", "zen4-1t"]),
+                        ("gpuhost1t", ["--source", "local-1t", "--target", "gpuhost-1t"]),
+                        ("gpuhost16t", ["--source", "local-2t", "--target", "gpuhost-16t"]))),
+    *((f"cdmpp-parts-{tag}", [TP, "evaluate", "--splits", "device", "--models", "cdmpp-nocmd,cdmpp-nocmd-parts",
+                              "--time-scale", "0.625", *args, "--out", f"bench/results/cdmpp_parts_{tag}.json"], 9)
+      for tag, args in (("device", ["--devices", "local-1t,local-2t"]),
+                        ("zen4", ["--source", "local-1t", "--target", "zen4-1t"]))),
     ("cdmpp-by-network-summary", [PY, "bench/cdmpp_by_network.py", "--summary"], 0.1),
     ("cdmpp-predict-check", [PY, "bench/cdmpp_predict_check.py", "--calibrate"], 25),
     ("cdmpp-predict-check-summary", [PY, "bench/cdmpp_predict_check.py", "--summary"], 0.1),
