@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import TensorplanError
 from .cdmpp import (LEAF_DIM, Estimator, FeatureScaler, ProgramArrays, _labelled, as_arrays, device_peak_bw,
-                    fit_cache_ratio, hierarchy_parts, hierarchy_seconds, program_bytes, register, torch_threads)
+                    fit_cache_ratio, hierarchy_seconds, program_bytes, register, torch_threads)
 from .tasks import TASK_IO_DIM
 
 def summed_features(arr: ProgramArrays) -> np.ndarray:
@@ -72,7 +72,7 @@ class TenSetXGB(Estimator):
         return p
 
     def _log_estimate(self, arr: ProgramArrays) -> np.ndarray:
-        return np.log(hierarchy_seconds(hierarchy_parts(arr), self.cache_ratio))
+        return np.log(hierarchy_seconds(arr.cached_hierarchy_parts, self.cache_ratio))
 
     def _features(self, arr: ProgramArrays) -> np.ndarray:
         f = summed_features(arr)
@@ -90,7 +90,7 @@ class TenSetXGB(Estimator):
         tr = as_arrays(train)
         y = _labelled(tr, "xgboost.fit")
         if self.parts or self.base != "none":
-            self.cache_ratio = fit_cache_ratio(hierarchy_parts(tr), y, tr.task_key)
+            self.cache_ratio = fit_cache_ratio(tr.cached_hierarchy_parts, y, tr.task_key)
         dtr = xgb.DMatrix(self._features(tr), label=np.log(y) - self._offset(tr))
         evals, kw = [], {}
         if val is not None and as_arrays(val).latency_s is not None:

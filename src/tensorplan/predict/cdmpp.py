@@ -108,15 +108,25 @@ class ProgramArrays:
     def n_leaves(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def _hierarchy_cache(self) -> tuple[np.ndarray, np.ndarray]:
+        """(`hierarchy_parts`, their log), computed once per array (models read them per batch and
+        per fit step) and again when the FLOP counts, device vectors or leaves are replaced."""
+        key = (self.flops, self.device, self.leaf_data)
+        cached = self.__dict__.get("_parts")
+        if cached is None or any(a is not b for a, b in zip(cached[0], key)):
+            parts = hierarchy_parts(self)
+            cached = self.__dict__["_parts"] = (key, parts, np.log(np.maximum(parts, 1e-10)))
+        return cached[1], cached[2]
+
+    @property
+    def cached_hierarchy_parts(self) -> np.ndarray:
+        """[N, 3] `hierarchy_parts` (seconds) of these programs, cached."""
+        return self._hierarchy_cache()[0]
+
     @property
     def log_hierarchy_parts(self) -> np.ndarray:
-        """[N, 3] log of `hierarchy_parts` (seconds), computed once per array (models read it per
-        batch) and again when the FLOP counts or device vectors are replaced."""
-        key = (self.flops, self.device, self.leaf_data)
-        cached = self.__dict__.get("_log_parts")
-        if cached is None or any(a is not b for a, b in zip(cached[0], key)):
-            cached = self.__dict__["_log_parts"] = (key, np.log(np.maximum(hierarchy_parts(self), 1e-10)))
-        return cached[1]
+        """[N, 3] log of `hierarchy_parts` (seconds, floored at 0.1 ns), cached."""
+        return self._hierarchy_cache()[1]
 
     def leaves(self, i: int) -> np.ndarray:
         return self.leaf_data[self.offsets[i]:self.offsets[i + 1]]
@@ -825,7 +835,7 @@ class CDMPP(Estimator):
         if self.base == "hierarchy":
             if self.cache_ratio is None:
                 raise TensorplanError("cdmpp: base='hierarchy' but no cache ratio was fitted; train the model first")
-            return hierarchy_seconds(hierarchy_parts(arr), self.cache_ratio)
+            return hierarchy_seconds(arr.cached_hierarchy_parts, self.cache_ratio)
         return np.ones(len(arr))
 
     def _check_dev(self, arr: ProgramArrays):
@@ -859,7 +869,7 @@ class CDMPP(Estimator):
         torch.manual_seed(self.seed)
         self.scaler = FeatureScaler.fit(tr.leaf_data)
         if self.base == "hierarchy":
-            self.cache_ratio = fit_cache_ratio(hierarchy_parts(tr), y, tr.task_key)
+            self.cache_ratio = fit_cache_ratio(tr.cached_hierarchy_parts, y, tr.task_key)
         self.ytf = TargetTransform.fit(y / self._base(tr), self.target)
         if self.parts_input:
             lp = tr.log_hierarchy_parts
