@@ -160,6 +160,35 @@ def test_evaluate_keeps_only_the_named_domains(cdmpp_small):
         evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, domains=["zen9-1t"])
 
 
+def test_evaluate_resume_keeps_scored_models_and_checks_settings(cdmpp_small):
+    """--resume: models already in the earlier document are kept (not retrained), new ones are added,
+    a checkpoint follows every model, and a document of other settings is refused."""
+    from tensorplan.errors import TensorplanError
+    ds = cdmpp_small["ds"]
+    kw = dict(splits=("sample", "network"), quick=True, max_cov=None)
+    first = evaluate(ds, models=("roofline",), **kw)
+    saved = []
+    both = evaluate(ds, models=("xgboost", "roofline"), resume=json.loads(json.dumps(first)),
+                    checkpoint=lambda doc: saved.append(json.loads(json.dumps(doc))), **kw)
+    for split in ("sample", "network"):
+        assert list(both["splits"][split]["models"]) == ["roofline", "xgboost"]
+        # kept as scored the first time, to the last digit (a retrained model re-times its training)
+        assert both["splits"][split]["models"]["roofline"] == json.loads(json.dumps(
+            first["splits"][split]["models"]["roofline"]))
+    assert len(saved) == 2 and "xgboost" in saved[0]["splits"]["network"]["models"]
+    assert saved[0]["splits"]["sample"]["models"].keys() == {"roofline"}  # the earlier split survives a checkpoint
+    assert both["models"] == ["roofline", "xgboost"] and len(both["runs"]) == 2
+    assert both["summary"]["network_best_model"] in ("roofline", "xgboost")
+    with pytest.raises(TensorplanError, match="seed"):
+        evaluate(ds, models=("roofline",), resume=first, seed=1, **kw)
+    with pytest.raises(TensorplanError, match="time scale"):
+        evaluate(ds, models=("roofline",), resume=first, time_scale=0.5, **kw)
+    with pytest.raises(TensorplanError, match="holdout_networks"):
+        other = [n for n in sorted({k for v in ds.records["networks"] for k, _ in v})
+                 if n not in first["splits"]["network"]["holdout_networks"]]
+        evaluate(ds, models=("roofline",), resume=first, holdout_networks=other[:1], **kw)
+
+
 def test_leave_one_network_out_resumes_and_summarises(cdmpp_small, tmp_path):
     """bench/cdmpp_by_network.py: one JSONL line per (network, model) fold, a rerun adds none, and the
     summary pools the folds by test records."""

@@ -203,8 +203,12 @@ def register(app: typer.Typer) -> None:
                                            "(e.g. bench/results/cdmpp_eval.json)."),
         doc: Optional[Path] = typer.Option(None, "--doc", help="Regenerate the results block of this markdown "
                                            "file (e.g. docs/cdmpp.md)."),
-        models: str = typer.Option(",".join(("cdmpp", "cdmpp-nocmd", "xgboost", "mlp", "tlp", "roofline")),
-                                   "--models", help="Comma-separated models."),
+        models: Optional[str] = typer.Option(None, "--models", help="Comma-separated models (default: cdmpp, "
+                                             "cdmpp-nocmd, cdmpp-parts, cdmpp-nocmd-parts, xgboost, xgboost-hier, "
+                                             "mlp, tlp, roofline)."),
+        resume: bool = typer.Option(False, "--resume", help="Keep every model already scored in --out (same data "
+                                    "and settings) and score only the others: continues a killed run, or adds "
+                                    "models to a finished one. --out is saved after each model."),
         splits: str = typer.Option("network,device,sample", "--splits", help="Comma-separated splits."),
         quick: bool = typer.Option(False, "--quick", help="Tiny epochs (smoke test, numbers meaningless)."),
         holdout: Optional[str] = typer.Option(None, "--holdout", help="Comma-separated held-out networks."),
@@ -222,9 +226,19 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the result JSON."),
     ) -> None:
         """Train and score CDMPP and the baselines on the same splits; write JSON and a markdown table."""
-        from ..predict.evaluate import evaluate, render_markdown, save_results, write_doc
+        from ..predict.evaluate import DEFAULT_MODELS, evaluate, render_markdown, save_results, write_doc
 
-        res = evaluate(data, models=models.split(","), splits=splits.split(","), quick=quick,
+        if resume and out is None:
+            raise typer.BadParameter("--resume needs --out (the result file to continue)", param_hint="--resume")
+        earlier = None
+        if resume and out.exists():
+            try:
+                earlier = json.loads(out.read_text())
+            except (OSError, ValueError) as e:
+                raise typer.BadParameter(f"cannot read {out} ({e}); drop --resume to start afresh",
+                                         param_hint="--resume") from e
+        res = evaluate(data, models=models.split(",") if models else DEFAULT_MODELS, splits=splits.split(","),
+                       quick=quick, resume=earlier, checkpoint=(lambda doc: save_results(doc, out)) if out else None,
                        holdout_networks=holdout.split(",") if holdout else None, fewshot_tasks=fewshot_tasks,
                        source_device=source, target_device=target,
                        fewshot_per_task=per_task, time_scale=time_scale, max_cov=max_spread,

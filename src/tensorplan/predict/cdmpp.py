@@ -409,13 +409,15 @@ def regression_metrics(pred_s: np.ndarray, true_s: np.ndarray) -> dict[str, floa
 
 def within_task_spearman(pred_s: np.ndarray, true_s: np.ndarray, task_key: np.ndarray,
                          min_programs: int = 5) -> float:
-    """Mean over tasks of Spearman's rho between predicted and measured latency of its schedules."""
+    """Mean over tasks of Spearman's rho between predicted and measured latency of its schedules.
+
+    Tasks where either side is constant (rho undefined) are left out."""
     from scipy.stats import spearmanr
 
     rhos = []
     for t in np.unique(task_key):
         m = task_key == t
-        if m.sum() < min_programs or np.ptp(true_s[m]) == 0:
+        if m.sum() < min_programs or np.ptp(true_s[m]) == 0 or np.ptp(pred_s[m]) == 0:
             continue
         r = spearmanr(pred_s[m], true_s[m]).statistic
         if np.isfinite(r):
