@@ -160,6 +160,20 @@ def test_evaluate_keeps_only_the_named_domains(cdmpp_small):
         evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, domains=["zen9-1t"])
 
 
+def test_evaluate_keeps_only_the_named_leaf_counts(cdmpp_small):
+    """--leaves 5 is the CDMPP scripts' default setting: only programs with that many buffer stores."""
+    from tensorplan.errors import TensorplanError
+    ds = cdmpp_small["ds"]
+    counts = ds.records["n_leaves"].value_counts()
+    k = int(counts.index[0])          # the commonest leaf count of the fixture's programs
+    res = evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, leaves=[k])
+    assert res["dataset"]["leaves"] == [k] and res["dataset"]["records_total"] == int(counts[k])
+    sp = res["splits"]["sample"]
+    assert sp["n_train"] + sp["n_test"] <= int(counts[k]) and f"[{k}] leaves" in render_markdown(res)
+    with pytest.raises(TensorplanError, match=r"\[999\] leaves"):
+        evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, leaves=[999])
+
+
 def test_evaluate_resume_keeps_scored_models_and_checks_settings(cdmpp_small):
     """--resume: models already in the earlier document are kept (not retrained), new ones are added,
     a checkpoint follows every model, and a document of other settings is refused."""

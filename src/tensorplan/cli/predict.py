@@ -19,6 +19,13 @@ def _log(msg: str) -> None:
     _err.print(f"[dim]{msg}[/]")
 
 
+def _leaf_counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint="--leaves") from None
+
+
 def _dump(obj) -> str:
     return json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
 
@@ -223,6 +230,8 @@ def register(app: typer.Typer) -> None:
         stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
         devices: Optional[str] = typer.Option(None, "--devices", help="Keep only these device domains' records, "
                                               "comma-separated (default: all; e.g. local-1t,local-2t)."),
+        leaves: Optional[str] = typer.Option(None, "--leaves", help="Keep only programs with these leaf counts, "
+                                             "comma-separated (5: the CDMPP scripts' default setting)."),
         json_out: bool = typer.Option(False, "--json", help="Print the result JSON."),
     ) -> None:
         """Train and score CDMPP and the baselines on the same splits; write JSON and a markdown table."""
@@ -242,7 +251,8 @@ def register(app: typer.Typer) -> None:
                        holdout_networks=holdout.split(",") if holdout else None, fewshot_tasks=fewshot_tasks,
                        source_device=source, target_device=target,
                        fewshot_per_task=per_task, time_scale=time_scale, max_cov=max_spread,
-                       stability=stability, domains=devices.split(",") if devices else None, log=_log)
+                       stability=stability, domains=devices.split(",") if devices else None,
+                       leaves=_leaf_counts(leaves) if leaves else None, log=_log)
         if out:
             save_results(res, out)
             _log(f"wrote {out}")

@@ -996,6 +996,15 @@ class Dataset:
             raise TensorplanError(f"no records on device domain(s) {bad} in '{self.path}'; it has {sorted(have)}")
         return self.subset(self.records["device"].isin(list(names)).to_numpy())
 
+    def only_leaf_counts(self, counts: Sequence[int]) -> "Dataset":
+        """Records of programs with these numbers of leaves (buffer stores). CDMPP's released
+        scripts keep only 5-leaf programs by default; this reproduces that setting."""
+        keep = self.records["n_leaves"].isin([int(c) for c in counts]).to_numpy()
+        if not keep.any():
+            have = sorted(int(c) for c in self.records["n_leaves"].unique())
+            raise TensorplanError(f"no programs with {list(counts)} leaves in '{self.path}'; leaf counts: {have}")
+        return self.subset(keep)
+
     def split(self, kind: str = "network", holdout: Any = None, seed: int = 0,
               test_fraction: float = 0.2) -> tuple["Dataset", "Dataset"]:
         """(train, test) split.

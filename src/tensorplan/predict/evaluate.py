@@ -340,12 +340,13 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
              source_device: str = "local-2t", target_device: str = "local-1t",
              fewshot_tasks: int | None = None, fewshot_per_task: int = 8, max_cov: float | None = 0.01,
              stability: str = "mad", time_scale: float = 1.0, domains: Sequence[str] | None = None,
-             log: Callable[[str], None] | None = None, resume: dict | None = None,
+             leaves: Sequence[int] | None = None, log: Callable[[str], None] | None = None, resume: dict | None = None,
              checkpoint: Callable[[dict], None] | None = None) -> dict:
     """Train and score every model on every split; returns the JSON-able result document.
 
     `domains`: keep only these device domains' records (e.g. the collection CPU's `local-1t`,
     `local-2t`, so a published run stays reproducible after other domains are merged in).
+    `leaves`: keep only programs with these leaf counts (`[5]` is the CDMPP scripts' default).
     `resume`: an earlier result document of the same data and splits (else a clear error): every
     (split, model) it holds is kept, not retrained, and its other models stay in the result, so a
     killed run continues and a finished one gains models. `checkpoint(doc)` runs after each model
@@ -358,6 +359,8 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
     raw = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
     if domains:
         raw = raw.only_devices(domains)
+    if leaves:
+        raw = raw.only_leaf_counts(leaves)
     ds = raw.filter_stable(max_cov=max_cov, metric=stability) if max_cov is not None else raw
     if len(ds) == 0:
         raise TensorplanError(f"evaluate: no stable records ({stability} <= {max_cov}) in '{raw.path}'")
@@ -365,6 +368,7 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
     res: dict[str, Any] = {
         "format": "tensorplan-cdmpp-eval/1", "quick": quick, "seed": seed,
         "dataset": {"path": raw.path, "domains": list(domains) if domains else None,
+                    "leaves": sorted(int(c) for c in leaves) if leaves else None,
                     "records_total": len(raw), "records_stable": len(ds),
                     "max_cov": max_cov, "stability": stability, "tasks": int(ds.records["task_key"].nunique()),
                     "devices": {d: int(c) for d, c in ds.records["device"].value_counts().sort_index().items()}},
@@ -486,7 +490,7 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
 _SPLIT_KEYS = {"network": ("holdout_networks", "n_train", "n_test", "n_test_tasks"),
                "device": ("source", "target", "n_train", "n_test"),
                "sample": ("n_train", "n_test")}
-_DATASET_KEYS = ("records_total", "records_stable", "max_cov", "stability", "tasks", "devices")
+_DATASET_KEYS = ("records_total", "records_stable", "max_cov", "stability", "tasks", "devices", "leaves")
 
 
 def _check_resumable(prev: dict, res: dict) -> dict:
@@ -583,7 +587,8 @@ def render_markdown(res: dict) -> str:
     metric = {"cov": "CoV", "mad": "MAD/median"}.get(d.get("stability", "cov"), "spread")
     cov = "no stability filter" if d["max_cov"] is None else f"repeat {metric} ≤ {d['max_cov']:.0%}"
     L.append(f"Dataset `{d['path']}`: {d['records_stable']} stable records ({cov}) of "
-             f"{d['records_total']}, {d['tasks']} tasks, devices {d['devices']}. Machine: {m.get('cpu', '?')}, "
+             f"{d['records_total']}, {d['tasks']} tasks, devices {d['devices']}"
+             + (f", only programs with {d['leaves']} leaves" if d.get("leaves") else "") + ". Machine: {m.get('cpu', '?')}, "
              f"{m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}; wall time {res.get('wall_time_s', 0) / 60:.1f} min"
              + (" (**quick mode**)" if res.get("quick") else "") + ".")
     L.append("")
