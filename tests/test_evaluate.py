@@ -174,6 +174,21 @@ def test_evaluate_keeps_only_the_named_leaf_counts(cdmpp_small):
         evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, leaves=[999])
 
 
+def test_errors_by_leaf_count_split_the_test_set():
+    """`by_leaves`: per leaf count, the error of that count's programs only (here 10% off on one
+    count, exact on the others)."""
+    from tensorplan.predict.evaluate import _by_leaf_count
+
+    class Arr:   # the two fields _by_leaf_count reads
+        n_leaves = np.array([5] * 60 + [3] * 70 + [9] * 10)
+        latency_s = np.linspace(1e-4, 1e-2, 140)
+    pred = Arr.latency_s * np.where(Arr.n_leaves == 5, 1.1, 1.0)
+    out = _by_leaf_count(pred, Arr)
+    assert set(out) == {"3", "5"}                 # 9 has fewer than 50 test records
+    assert out["5"]["n"] == 60 and out["5"]["mape_pct"] == pytest.approx(10.0)
+    assert out["3"]["mape_pct"] == pytest.approx(0.0)
+
+
 def test_evaluate_resume_keeps_scored_models_and_checks_settings(cdmpp_small):
     """--resume: models already in the earlier document are kept (not retrained), new ones are added,
     a checkpoint follows every model, and a document of other settings is refused."""
