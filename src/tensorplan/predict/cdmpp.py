@@ -522,7 +522,7 @@ def register(klass):
 
 def load_estimator(path: str | Path) -> Estimator:
     """Load any saved tensorplan estimator (CDMPP or a baseline)."""
-    from . import baselines, calibrate, ensemble  # noqa: F401  (registers the other estimator classes)
+    from . import baselines, calibrate, ensemble, leaf_experts  # noqa: F401  (registers the other estimator classes)
 
     return Estimator.load(path)
 

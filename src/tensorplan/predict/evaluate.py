@@ -46,6 +46,7 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
 
     `NAME-ens` / `NAME-ensK`: an `ensemble.Ensemble` of K (default ENSEMBLE_MEMBERS) copies of
     NAME seeded seed .. seed+K-1, each with NAME's full budget; XGBoost members bag rows and columns.
+    `cdmpp*-leaf`: that CDMPP plus experts fine-tuned per common leaf count (`leaf_experts`).
     `A+B`: a mixed ensemble, the members of A and B pooled under the same rule (no fitted weight),
     e.g. `cdmpp-nocmd-ens+xgboost-ens` (docs/cdmpp.md, mixed ensembles).
     """
@@ -58,6 +59,12 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
         if len(members) < 2:
             raise TensorplanError(f"model '{name}': a mixed ensemble needs at least 2 members")
         return Ensemble(members)
+
+    leaf = re.fullmatch(r"(cdmpp.*)-leaf", name)
+    if leaf:   # leaf-count experts fine-tuned from one CDMPP (`leaf_experts.LeafExperts`)
+        from .leaf_experts import LeafExperts
+        return LeafExperts(make_model(leaf.group(1), quick, time_scale, seed),
+                           **(dict(min_records=20, steps=5) if quick else {}))
 
     ens = re.fullmatch(r"(.+)-ens(\d*)", name)
     if ens:
