@@ -74,3 +74,23 @@ def test_harness_names_leaf_expert_models():
     assert make_model("cdmpp-leaf").steps == 1000
     with pytest.raises(TensorplanError):
         make_model("xgboost-leaf")
+
+
+@pytest.mark.slow
+def test_train_with_leaf_experts_saves_a_model_predict_reads(cdmpp_small, tmp_path):
+    """`tensorplan train --leaf-experts`: the saved model predicts a network like any other."""
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+    from tensorplan.predict.cdmpp import train
+    from tensorplan.predict.network import predict_network
+
+    model, info = train(cdmpp_small["ds"], out=tmp_path / "leaf.pt", epochs=2, batch_size=64, max_cov=0.25,
+                        leaf_experts=True)
+    # this slice has no leaf count with 1,000 training programs: the base model alone, still saved as experts
+    assert isinstance(model, LeafExperts) and info["model"] == "LeafExperts" and model.experts == {}
+    assert info["val"]["n"] > 0 and info["epochs_run"] == 2
+    r = predict_network("tiny-mlp", device="local", weights=tmp_path / "leaf.pt")
+    assert r["predictor"] == "LeafExperts" and r["n_kernels"] >= 3 and r["total_ms"] > 0
+    out = CliRunner().invoke(app, ["train", "--model", "xgboost-hier", "--leaf-experts"])
+    assert out.exit_code != 0 and "--leaf-experts wraps cdmpp only" in out.output

@@ -43,6 +43,9 @@ def register(app: typer.Typer) -> None:
         parts: bool = typer.Option(True, "--parts/--no-parts", help="cdmpp reads each program's analytic "
                                    "compute / DRAM-footprint / cache-traffic seconds on its device (parts_input): "
                                    "leaving each network out, median MAPE 52 -> 44% (docs/cdmpp.md)."),
+        leaf_experts: bool = typer.Option(False, "--leaf-experts", help="cdmpp plus copies fine-tuned on each "
+                                          "common leaf count (held-out networks 54.4 -> 51.6% MAPE, docs/cdmpp.md); "
+                                          "~8x the file size."),
         epochs: int = typer.Option(400, "--epochs", help="Maximum epochs (cdmpp)."),
         max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds (per member)."),
         members: int = typer.Option(1, "--members", help="Train an ensemble of this many seeds (>= 2): "
@@ -56,6 +59,8 @@ def register(app: typer.Typer) -> None:
         from ..predict.cdmpp import SHIPPED_MODEL, train
         from ..predict.evaluate import make_model
 
+        if leaf_experts and model != "cdmpp":
+            raise typer.BadParameter("--leaf-experts wraps cdmpp only", param_hint="--leaf-experts")
         if ship and model != "cdmpp":
             raise typer.BadParameter("--ship packages CDMPP only; save other models with --out", param_hint="--model")
         make = None
@@ -71,7 +76,7 @@ def register(app: typer.Typer) -> None:
         dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / f"{model}.pt")
         _, info = train(data, devices=devices.split(",") if devices else None, out=dest, epochs=epochs,
                         max_time_s=max_time, max_cov=max_spread, stability=stability, members=members,
-                        make=make, parts_input=parts)
+                        make=make, parts_input=parts, leaf_experts=leaf_experts)
         if json_out:
             print(_dump(info))
             return
@@ -211,7 +216,7 @@ def register(app: typer.Typer) -> None:
         doc: Optional[Path] = typer.Option(None, "--doc", help="Regenerate the results block of this markdown "
                                            "file (e.g. docs/cdmpp.md)."),
         models: Optional[str] = typer.Option(None, "--models", help="Comma-separated models (default: cdmpp, "
-                                             "cdmpp-nocmd, cdmpp-parts, cdmpp-nocmd-parts, xgboost, xgboost-hier, "
+                                             "cdmpp-nocmd, cdmpp-parts, cdmpp-nocmd-parts, cdmpp-parts-leaf, xgboost, xgboost-hier, "
                                              "mlp, tlp, roofline)."),
         resume: bool = typer.Option(False, "--resume", help="Keep every model already scored in --out (same data "
                                     "and settings) and score only the others: continues a killed run, or adds "

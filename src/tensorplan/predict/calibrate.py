@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import TensorplanError
-from .cdmpp import Estimator, ProgramArrays, _labelled, as_arrays, device_features, register
+from .cdmpp import (Estimator, ProgramArrays, _labelled, as_arrays, device_features, estimator_blob,
+                    estimator_from_blob, register)
 
 #: Leaf features whose max / min over a program's stores feed the correction model.
 CORRECTION_FEATURES = ("parallel_num", "parallel_prod", "parallel_len", "vec_prod", "unroll_prod")
@@ -103,20 +104,12 @@ class Calibrated(Estimator):
         if self.booster is None:
             raise TensorplanError("calibrated.save: the correction is not fitted")
         return {"booster": bytes(self.booster.save_raw("ubj")), "n_samples": self.n_samples,
-                "base": {"class": type(self.base).__name__, "params": self.base.get_params(),
-                         "state": self.base._state()}}
+                "base": estimator_blob(self.base)}
 
     def _set_state(self, st):
         import xgboost as xgb
 
-        from .cdmpp import _REGISTRY
-
-        b = st["base"]
-        klass = _REGISTRY.get(b["class"])
-        if klass is None:
-            raise TensorplanError(f"calibrated: unknown base model class {b['class']}")
-        self.base = klass(**b["params"])
-        self.base._set_state(b["state"])
+        self.base = estimator_from_blob(st["base"], "calibrated")
         self.booster = xgb.Booster()
         self.booster.load_model(bytearray(st["booster"]))
         self.n_samples = int(st.get("n_samples", 0))

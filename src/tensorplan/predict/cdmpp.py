@@ -520,6 +520,21 @@ def register(klass):
     return klass
 
 
+def estimator_blob(m: Estimator) -> dict:
+    """A model nested inside another one's saved state (ensemble members, a calibrated base)."""
+    return {"class": type(m).__name__, "params": m.get_params(), "state": m._state()}
+
+
+def estimator_from_blob(b: dict, owner: str) -> Estimator:
+    """Rebuild what `estimator_blob` kept; `owner` names the enclosing model in the error."""
+    klass = _REGISTRY.get(b["class"])
+    if klass is None:
+        raise TensorplanError(f"{owner}: unknown model class {b['class']}")
+    m = klass(**b["params"])
+    m._set_state(b["state"])
+    return m
+
+
 def load_estimator(path: str | Path) -> Estimator:
     """Load any saved tensorplan estimator (CDMPP or a baseline)."""
     from . import baselines, calibrate, ensemble, leaf_experts  # noqa: F401  (registers the other estimator classes)
@@ -1170,14 +1185,16 @@ def resolve_domain(device: str) -> str:
 
 def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | None = None,
           max_cov: float = 0.01, stability: str = "mad", log=None, members: int = 1,
-          make: Callable[[int], Estimator] | None = None, **params) -> tuple[Estimator, dict]:
+          make: Callable[[int], Estimator] | None = None, leaf_experts: bool = False,
+          **params) -> tuple[Estimator, dict]:
     """Train CDMPP on every stable record of `devices` (default: all) of a dataset; save to `out`.
 
     Stability: repeat spread <= max_cov, measured as MAD/median by default (`stability="mad"`): on a
     shared machine one preempted repeat inflates the CoV of an otherwise well-measured program.
     `members > 1` trains an `ensemble.Ensemble` of that many seeds (each with the full budget).
     `make(seed)` builds another estimator instead of CDMPP(**params) (e.g. a baseline from
-    `evaluate.make_model`); `params` are then not used."""
+    `evaluate.make_model`); `params` are then not used. `leaf_experts` wraps each CDMPP in
+    `leaf_experts.LeafExperts` (copies fine-tuned per common leaf count)."""
     from .dataset import load_dataset
 
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
@@ -1191,6 +1208,11 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     rng = np.random.default_rng(seed)
     val_m = rng.random(len(arr)) < 0.05
     build = make or (lambda s: CDMPP(**{**params, "seed": s}))
+    if leaf_experts:
+        from .leaf_experts import LeafExperts
+
+        cdmpp_of = build
+        build = lambda s: LeafExperts(cdmpp_of(s))   # noqa: E731
     if members > 1:
         from .ensemble import Ensemble
 
@@ -1204,10 +1226,11 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     val = arr.subset(np.flatnonzero(val_m))
     model.domains_ = sorted(set(arr.device_name))  # saved with it: `predict` says when a device is not among them
     model.domain_features_ = {d: device_features(d, ds.devices).tolist() for d in model.domains_}
-    epochs = [len(getattr(m, "history", [])) for m in parts]
+    cores = [getattr(m, "base", m) for m in parts]   # a leaf-experts model: its all-leaves CDMPP
+    epochs = [len(getattr(m, "history", [])) for m in cores]
     info = {"records": len(arr), "stability": f"{stability} <= {max_cov}", "devices": sorted(set(arr.device_name)),
             "model": type(parts[0]).__name__, "members": len(parts),
-            "train_time_s": sum(getattr(m, "train_time_s", 0.0) for m in parts) or time.perf_counter() - t0,
+            "train_time_s": time.perf_counter() - t0,
             "val": regression_metrics(model.predict(val), val.latency_s),
             "epochs_run": epochs if members > 1 else epochs[0]}
     if out is not None:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import TensorplanError
-from .cdmpp import _REGISTRY, Estimator, as_arrays, register
+from .cdmpp import Estimator, as_arrays, estimator_blob, estimator_from_blob, register
 
 
 @register
@@ -103,15 +103,7 @@ class Ensemble(Estimator):
 
     def _state(self):
         self._need_members("save")
-        return {"members": [{"class": type(m).__name__, "params": m.get_params(), "state": m._state()}
-                            for m in self.members]}
+        return {"members": [estimator_blob(m) for m in self.members]}
 
     def _set_state(self, st):
-        self.members = []
-        for b in st["members"]:
-            klass = _REGISTRY.get(b["class"])
-            if klass is None:
-                raise TensorplanError(f"ensemble: unknown member model class {b['class']}")
-            m = klass(**b["params"])
-            m._set_state(b["state"])
-            self.members.append(m)
+        self.members = [estimator_from_blob(b, "ensemble") for b in st["members"]]

@@ -33,8 +33,8 @@ from .calibrate import Calibrated
 from .cdmpp import (CDMPP, Estimator, ProgramArrays, as_arrays, device_features, regression_metrics,
                     within_task_spearman)
 
-DEFAULT_MODELS = ("cdmpp", "cdmpp-nocmd", "cdmpp-parts", "cdmpp-nocmd-parts", "xgboost", "xgboost-hier", "mlp",
-                  "tlp", "roofline")
+DEFAULT_MODELS = ("cdmpp", "cdmpp-nocmd", "cdmpp-parts", "cdmpp-nocmd-parts", "cdmpp-parts-leaf", "xgboost",
+                  "xgboost-hier", "mlp", "tlp", "roofline")
 SPLITS = ("network", "device", "sample")
 ENSEMBLE_MEMBERS = 3
 GOALS = {"network_mape_pct": 14.03, "device_fewshot_mape_pct": 10.85}

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TensorplanError
-from .cdmpp import _REGISTRY, Estimator, as_arrays, register
+from .cdmpp import Estimator, as_arrays, estimator_blob, estimator_from_blob, register
 
 
 def _log_err(pred: np.ndarray, true: np.ndarray) -> float:
@@ -94,24 +94,11 @@ class LeafExperts(Estimator):
             m.finetune(data, base=base, **kw)
         return self
 
-    @staticmethod
-    def _blob(m: Estimator) -> dict:
-        return {"class": type(m).__name__, "params": m.get_params(), "state": m._state()}
-
-    @staticmethod
-    def _unblob(b: dict) -> Estimator:
-        klass = _REGISTRY.get(b["class"])
-        if klass is None:
-            raise TensorplanError(f"leaf experts: unknown model class {b['class']}")
-        m = klass(**b["params"])
-        m._set_state(b["state"])
-        return m
-
     def _state(self):
-        return {"base": self._blob(self._need_base("save")),
-                "experts": {str(k): self._blob(e) for k, e in self.experts.items()}, "report": self.report}
+        return {"base": estimator_blob(self._need_base("save")),
+                "experts": {str(k): estimator_blob(e) for k, e in self.experts.items()}, "report": self.report}
 
     def _set_state(self, st):
-        self.base = self._unblob(st["base"])
-        self.experts = {int(k): self._unblob(b) for k, b in st["experts"].items()}
+        self.base = estimator_from_blob(st["base"], "leaf experts")
+        self.experts = {int(k): estimator_from_blob(b, "leaf experts") for k, b in st["experts"].items()}
         self.report = dict(st.get("report") or {})
