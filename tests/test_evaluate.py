@@ -169,7 +169,9 @@ def test_evaluate_keeps_only_the_named_leaf_counts(cdmpp_small):
     res = evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, leaves=[k])
     assert res["dataset"]["leaves"] == [k] and res["dataset"]["records_total"] == int(counts[k])
     sp = res["splits"]["sample"]
-    assert sp["n_train"] + sp["n_test"] <= int(counts[k]) and f"[{k}] leaves" in render_markdown(res)
+    md = render_markdown(res)
+    assert sp["n_train"] + sp["n_test"] <= int(counts[k]) and f"[{k}] leaves" in md
+    assert f"Machine: {res['machine']['cpu']}, {res['machine']['cpus']} CPUs" in md
     with pytest.raises(TensorplanError, match=r"\[999\] leaves"):
         evaluate(ds, models=("roofline",), splits=("sample",), quick=True, max_cov=None, leaves=[999])
 

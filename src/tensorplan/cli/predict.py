@@ -217,7 +217,7 @@ def register(app: typer.Typer) -> None:
                                            "file (e.g. docs/cdmpp.md)."),
         models: Optional[str] = typer.Option(None, "--models", help="Comma-separated models (default: cdmpp, "
                                              "cdmpp-nocmd, cdmpp-parts, cdmpp-nocmd-parts, cdmpp-parts-leaf, xgboost, xgboost-hier, "
-                                             "mlp, tlp, roofline)."),
+                                             "mlp, tlp, roofline, cdmpp-parts-leaf+xgboost-hier)."),
         resume: bool = typer.Option(False, "--resume", help="Keep every model already scored in --out (same data "
                                     "and settings) and score only the others: continues a killed run, or adds "
                                     "models to a finished one. --out is saved after each model."),
