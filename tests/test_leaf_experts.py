@@ -59,10 +59,13 @@ def test_an_expert_is_kept_only_where_validation_says_so(cdmpp_small, monkeypatc
     assert m.report[str(k)]["kept"] and "val_log_err_base" not in m.report[str(k)]
 
 
-def test_leaf_experts_need_a_model_that_fine_tunes_itself():
+def test_leaf_experts_need_a_cdmpp_base():
     from tensorplan.predict.baselines import TenSetXGB
-    with pytest.raises(TensorplanError, match="fine-tune itself"):
+    from tensorplan.predict.ensemble import Ensemble
+    with pytest.raises(TensorplanError, match="must be a CDMPP"):
         LeafExperts(TenSetXGB())
+    with pytest.raises(TensorplanError, match="must be a CDMPP"):   # an ensemble fine-tunes, but has no copies' knobs
+        LeafExperts(Ensemble.of(lambda s: _small_cdmpp(), 2))
     with pytest.raises(TensorplanError, match="no base model"):
         LeafExperts().predict([])
 

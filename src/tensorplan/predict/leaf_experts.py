@@ -1,4 +1,4 @@
-"""Leaf-count experts: one model of every program, plus a copy fine-tuned on each common leaf count.
+"""Leaf-count experts: one model for every program, plus a copy fine-tuned on each common leaf count.
 
 CDMPP's released scripts train one model per leaf count (5 by default, the others fine-tuned from
 it). Measured here (docs/cdmpp.md), a model trained on 5-leaf programs alone predicts them far
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TensorplanError
-from .cdmpp import Estimator, as_arrays, estimator_blob, estimator_from_blob, register
+from .cdmpp import CDMPP, Estimator, as_arrays, estimator_blob, estimator_from_blob, register
 
 
 def _log_err(pred: np.ndarray, true: np.ndarray) -> float:
@@ -26,19 +26,19 @@ def _log_err(pred: np.ndarray, true: np.ndarray) -> float:
 
 @register
 class LeafExperts(Estimator):
-    """`base` (a model that fine-tunes itself, CDMPP) for every program, experts for common leaf counts."""
+    """`base` (a CDMPP) for every program, experts (fine-tuned copies) for common leaf counts."""
 
     name = "leaf-experts"
     adapts_by_finetune = True
 
     def __init__(self, base: Estimator | None = None, min_records: int = 1000, steps: int = 1000,
                  lr: float = 3e-4, min_val: int = 30):
-        if base is not None and not getattr(base, "adapts_by_finetune", False):
-            raise TensorplanError(f"leaf experts: the base model must fine-tune itself (CDMPP), "
-                                  f"got {type(base).__name__}")
+        if base is not None and not isinstance(base, CDMPP):
+            raise TensorplanError(f"leaf experts: the base model must be a CDMPP (its copies are fine-tuned), "
+                                  f"got {type(base).__name__}; for several seeds, put leaf experts in an ensemble")
         self.base = base
         self.min_records, self.steps, self.lr, self.min_val = int(min_records), int(steps), float(lr), int(min_val)
-        self.experts: dict[int, Estimator] = {}
+        self.experts: dict[int, CDMPP] = {}
         self.report: dict[str, dict] = {}     # per leaf count: records, validation errors, kept or not
 
     def get_params(self) -> dict[str, Any]:
