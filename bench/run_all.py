@@ -2,7 +2,7 @@
 
 Each step is the exact command the docs quote; results land in bench/results/ and
 `bench/summarize.py` turns them into docs/results.md. The full set takes hours on the 2-core
-VM (korch_bench ~1-2 h, the CDMPP evaluation ~90 min), so `--only` / `--skip` pick steps and
+VM (korch_bench ~1-2 h, the CDMPP evaluation ~80 min), so `--only` / `--skip` pick steps and
 `--list` shows them. Steps run one after another: timings taken side by side on a 2-core
 machine would measure each other.
 
@@ -41,7 +41,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("features", [PY, "bench/features_speed.py"], 2),
     ("cdmpp-speed", [PY, "bench/cdmpp_speed.py", "--epochs", "6"], 3),
     ("cdmpp-eval", [TP, "evaluate", "--devices", "local-1t,local-2t", "--holdout", "efficientvit-b1,tiny-mlp,mobilenet-v2",
-                    "--time-scale", "0.625", "--out", "bench/results/cdmpp_eval.json", "--doc", "docs/cdmpp.md"], 90),
+                    "--time-scale", "0.625", "--out", "bench/results/cdmpp_eval.json", "--doc", "docs/cdmpp.md"], 80),
     ("cdmpp-ensemble", [PY, "bench/cdmpp_ensemble.py"], 20),
     ("cdmpp-ensemble-hier", [PY, "bench/cdmpp_ensemble.py", "--models", "xgboost-hier", "--add"], 3),
     ("cdmpp-by-network", [PY, "bench/cdmpp_by_network.py", "--models",
