@@ -44,7 +44,8 @@ def register(app: typer.Typer) -> None:
                                    "compute / DRAM-footprint / cache-traffic seconds on its device (parts_input): "
                                    "leaving each network out, median MAPE 52 -> 44% (docs/cdmpp.md)."),
         leaf_experts: bool = typer.Option(False, "--leaf-experts", help="cdmpp plus copies fine-tuned on each "
-                                          "common leaf count (held-out networks 54.4 -> 51.6% MAPE, docs/cdmpp.md); "
+                                          "common leaf count (three-network split 54.4 -> 51.6% MAPE; mixed when leaving one "
+                                          "network out, docs/cdmpp.md); "
                                           "up to 8x the file size (a copy per leaf count with 1,000 training programs)."),
         epochs: int = typer.Option(400, "--epochs", help="Maximum epochs (cdmpp)."),
         max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds (per member)."),
