@@ -47,7 +47,8 @@ def run(models: list[str], seed: int, time_scale: float, devices: list[str], sha
     import torch
 
     from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import EvalData, machine_info, network_split, score_on_network_split
+    from tensorplan.predict.evaluate import (EvalData, machine_info, network_error, network_split,
+                                             score_on_network_split)
 
     torch.set_num_threads(1)
     raw = data if data is not None and not isinstance(data, (str, Path)) else load_dataset(data)
@@ -76,7 +77,7 @@ def run(models: list[str], seed: int, time_scale: float, devices: list[str], sha
                        loadavg=list(os.getloadavg()), wall_s=time.time() - t0, created=time.time())
             with out.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
-            nl = m.get("network_latency", {}).get("_mean_ape_pct")
+            nl = network_error(m)
             nl = "not measured" if nl is None else f"{nl:.1f}%"
             print(f"{net:20s} {name:16s} MAPE {m['mape_pct']:7.1f}%  median APE {m['median_ape_pct']:6.1f}%  "
                   f"network latency err {nl}  ({len(split[2])} test records)", flush=True)
@@ -87,6 +88,8 @@ def summary(out: Path, seed: int, time_scale: float, devices: list[str]) -> dict
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from tensorplan.predict.evaluate import network_error
 
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["seed"] == seed and r["time_scale"] == time_scale and r["devices"] == devices]
@@ -102,7 +105,7 @@ def summary(out: Path, seed: int, time_scale: float, devices: list[str]) -> dict
                 x = by[(net, m)]["metrics"]
                 table[net][m] = {"mape_pct": x["mape_pct"], "median_ape_pct": x["median_ape_pct"],
                                  "acc20_pct": x["acc20_pct"],
-                                 "network_latency_err_pct": x.get("network_latency", {}).get("_mean_ape_pct")}
+                                 "network_latency_err_pct": network_error(x)}
     for m in models:
         have = [n for n in nets if m in table[n]]
         w = np.array([table[n]["n_test"] for n in have], float)

@@ -245,3 +245,81 @@ def test_leave_one_network_out_resumes_and_summarises(cdmpp_small, tmp_path):
     assert doc["pooled"]["roofline"]["folds"] == len(rows)
     assert abs(doc["pooled"]["roofline"]["pooled_mape_pct"] - pooled) < 1e-9
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+class _FromLabels:
+    """A stand-in model that predicts from the labels it is handed (`transform(latency, task_key)`)."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+    def predict(self, arr):
+        return self.transform(np.asarray(arr.latency_s, float), np.asarray(arr.task_key))
+
+
+def _two_networks(ds):
+    """The fixture's tasks regrouped into two networks (and a third whose kernel has no records)."""
+    import dataclasses
+
+    import pandas as pd
+
+    tasks = ds.tasks[ds.tasks["task_key"].isin(set(ds.records["task_key"]))].reset_index(drop=True)
+    keys = sorted(tasks["task_key"])
+    half = set(keys[: len(keys) // 2])
+    tasks["networks"] = [[("net-a", 2)] if k in half else [("net-b", 1)] for k in tasks["task_key"]]
+    ghost = tasks.iloc[:1].copy()
+    ghost["task_key"], ghost["networks"] = "no-such-task", [[("net-c", 1)]]
+    return dataclasses.replace(ds, tasks=pd.concat([tasks, ghost], ignore_index=True))
+
+
+def test_network_latency_three_picks_and_regret(cdmpp_small):
+    """Whole-network sums over the fastest / first / model-picked program of each task: exact for an
+    oracle; a model that shrinks the within-task spread over-predicts the label-chosen fastest
+    programs (the selection bias the label-free picks avoid); a rank-reversing model picks the
+    slowest programs and its regret is exactly their measured excess."""
+    from tensorplan.predict.evaluate import EvalData, _network_errors, network_error
+
+    ds = _two_networks(cdmpp_small["ds"])
+    data = EvalData(ds)
+    r = ds.records
+    nets = {"net-a@local-1t", "net-a@local-2t", "net-b@local-1t", "net-b@local-2t"}
+
+    oracle = _network_errors(_FromLabels(lambda y, t: y), data, None, None)
+    assert set(oracle) == {"fastest", "first", "picked"}
+    for pick in oracle:
+        assert set(k for k in oracle[pick] if not k.startswith("_")) == nets   # net-c lacks a kernel: left out
+        assert oracle[pick]["_mean_ape_pct"] == pytest.approx(0, abs=1e-9)
+    assert oracle["picked"]["_mean_regret_pct"] == pytest.approx(0, abs=1e-9)
+    # the fastest programs' measured sum is the dataset's own network latency
+    meas = ds.network_latencies(max_cov=None)
+    assert oracle["fastest"]["net-a@local-1t"]["measured_ms"] == pytest.approx(1e3 * meas[("net-a", "local-1t")])
+    # "first" sums the lowest-numbered sample of each task
+    first = r.loc[r.groupby(["task_key", "device"])["sample_index"].idxmin()]
+    want = sum(2 * y for y, d, k in zip(first["latency_s"], first["device"], first["task_key"])
+               if d == "local-2t" and k in {t for t, nn in zip(ds.tasks["task_key"], ds.tasks["networks"])
+                                             if nn == [("net-a", 2)]})
+    assert oracle["first"]["net-a@local-2t"]["measured_ms"] == pytest.approx(1e3 * want)
+
+    def shrink(y, t):
+        out = np.empty_like(y)
+        for k in np.unique(t):
+            m = t == k
+            mu = np.log(y[m]).mean()
+            out[m] = np.exp(mu + 0.3 * (np.log(y[m]) - mu))
+        return out
+
+    s = _network_errors(_FromLabels(shrink), data, None, None)
+    for k in nets:
+        assert s["fastest"][k]["predicted_ms"] > s["fastest"][k]["measured_ms"]
+        assert s["picked"][k]["regret_pct"] == pytest.approx(0, abs=1e-9)   # ranking kept: picks the fastest
+
+    rev = _network_errors(_FromLabels(lambda y, t: 1.0 / y), data, None, ["local-1t"])
+    slow = r[r["device"] == "local-1t"].groupby("task_key")["latency_s"]
+    a = {t for t, nn in zip(ds.tasks["task_key"], ds.tasks["networks"]) if nn == [("net-a", 2)]}
+    worst, best = sum(slow.max()[k] for k in a), sum(slow.min()[k] for k in a)
+    assert set(k for k in rev["picked"] if not k.startswith("_")) == {"net-a@local-1t", "net-b@local-1t"}
+    assert rev["picked"]["net-a@local-1t"]["regret_pct"] == pytest.approx(100 * (worst / best - 1))
+    # scored entries read the same way whatever the document's age
+    assert network_error({"network_latency": s}, "picked", "_mean_regret_pct") == s["picked"]["_mean_regret_pct"]
+    old = {"network_latency": {"x@local-1t": {"ape_pct": 5.0}, "_mean_ape_pct": 5.0}}
+    assert network_error(old) == 5.0 and network_error(old, "first") is None

@@ -938,7 +938,8 @@ class Dataset:
     (network, call-site count)), device, device_key, latency_s (median of the repeats), mean_s,
     min_s, cov (std/mean of the repeats), mad_rel (median absolute deviation / median), repeats,
     number (calls per repeat), flops (program float ops), n_leaves, trace (replayable JSON string),
-    task_io (`tasks.task_io_vector`: log2 sizes of the task's output and inputs).
+    sample_index (the task's design-space sample number; `tensorplan predict` schedules the lowest
+    one that compiles), task_io (`tasks.task_io_vector`: log2 sizes of the task's output and inputs).
     `leaves[i]` / `positions[i]` are the [n_leaves, 164] float32 features and the CDMPP positions of
     record i, `preorders[i]` its compact-AST serialisation (node ids, -1 end markers); records of
     the same program share the arrays.
@@ -1069,15 +1070,19 @@ class Dataset:
         r = self._stable_rows(max_cov, metric)
         best = r.groupby(["task_key", "device"])["latency_s"].min().to_dict()
         devs = sorted(r["device"].unique())
-        net_tasks: dict[str, dict[str, int]] = {}
-        for _, t in self.tasks.iterrows():
-            for net, c in t["networks"]:
-                net_tasks.setdefault(net, {})[t["task_key"]] = c
         out = {}
-        for net, tk in net_tasks.items():
+        for net, tk in self.network_tasks().items():
             for d in devs:
                 if all((k, d) in best for k in tk):
                     out[(net, d)] = float(sum(c * best[(k, d)] for k, c in tk.items()))
+        return out
+
+    def network_tasks(self) -> dict[str, dict[str, int]]:
+        """network -> {task_key: call-site count}: how a network's latency sums its kernels."""
+        out: dict[str, dict[str, int]] = {}
+        for key, nets in zip(self.tasks["task_key"], self.tasks["networks"]):
+            for net, c in nets:
+                out.setdefault(net, {})[key] = c
         return out
 
     def best_programs(self, max_cov: float | None = DEFAULT_MAX_COV, metric: str = "cov") -> Any:
@@ -1154,6 +1159,7 @@ def load_dataset(path: str | Path | Sequence[str | Path] | None = None) -> Datas
     rec["flops"] = flops[pi]
     rec["n_leaves"] = (off[1:] - off[:-1])[pi].astype(np.int32)
     rec["trace"] = prog["trace"].to_numpy()[pi]
+    rec["sample_index"] = prog["index"].to_numpy()[pi].astype(np.int64)   # design-space sample number
     io = {k: task_io_vector(sc) for k, sc in zip(tasks["task_key"], tasks["script"])}
     rec["task_io"] = [io[k] for k in tk]
     rec["repeats"] = [list(x) for x in rec["repeats"]]
