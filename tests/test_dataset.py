@@ -164,6 +164,26 @@ def _committed_or_skip():
         pytest.skip(f"committed dataset not available: {e}")
 
 
+def test_stats_reports_tuned_and_untuned_network_latency():
+    """`dataset stats --json`: per network, the sum over kernels of the fastest program and of the
+    first design-space sample; the first can never beat the fastest, and sampling 64 schedules of
+    each kernel must pay off on the median network."""
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+    from tensorplan.errors import TensorplanError
+    ds = _committed_or_skip()
+    r = CliRunner().invoke(app, ["dataset", "stats", "--metric", "mad", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    fast, first = s["network_latency_s"], s["network_latency_first_sample_s"]
+    assert set(fast) == set(first) and len(fast) >= 16
+    assert all(first[k] >= fast[k] * (1 - 1e-12) for k in fast)
+    assert s["first_sample_slowdown_median"] > 1.2
+    with pytest.raises(TensorplanError, match="fastest' or 'first"):
+        ds.network_latencies(program="best")
+
+
 def test_committed_dataset_is_consistent():
     ds = _committed_or_skip()
     s = ds.stats()

@@ -299,6 +299,10 @@ def test_network_latency_three_picks_and_regret(cdmpp_small):
                if d == "local-2t" and k in {t for t, nn in zip(ds.tasks["task_key"], ds.tasks["networks"])
                                              if nn == [("net-a", 2)]})
     assert oracle["first"]["net-a@local-2t"]["measured_ms"] == pytest.approx(1e3 * want)
+    untuned = ds.network_latencies(max_cov=None, program="first")
+    assert oracle["first"]["net-a@local-2t"]["regret_pct"] == pytest.approx(
+        100 * (untuned[("net-a", "local-2t")] / meas[("net-a", "local-2t")] - 1))
+    assert oracle["first"]["_mean_regret_pct"] > 0     # 16 random schedules: the first is rarely the fastest
 
     def shrink(y, t):
         out = np.empty_like(y)

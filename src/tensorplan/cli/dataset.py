@@ -196,12 +196,19 @@ def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset dire
           max_cov: float = typer.Option(0.01, "--max-cov", help="Spread threshold for stable records (network latencies)."),
           metric: str = typer.Option("cov", "--metric", help="Spread measure: cov (std/mean, CDMPP) or mad (MAD/median)."),
           json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Counts (records, programs, tasks, networks, devices), stability, and measured network latencies."""
+    """Counts (records, programs, tasks, networks, devices), stability, and measured network latencies
+    (each kernel's fastest program, and its first design-space sample: tuned vs untuned)."""
+    import numpy as np
+
     from ..predict.dataset import load_dataset
     ds = load_dataset(data)
     s = ds.stats()
     nl = ds.network_latencies(max_cov=max_cov, metric=metric)
+    first = ds.network_latencies(max_cov=max_cov, metric=metric, program="first")
     s["network_latency_s"] = {f"{n}@{d}": v for (n, d), v in sorted(nl.items())}
+    s["network_latency_first_sample_s"] = {f"{n}@{d}": v for (n, d), v in sorted(first.items())}
+    if nl:   # how much slower the untuned network (each kernel's first sample) is than the tuned one
+        s["first_sample_slowdown_median"] = float(np.median([first[k] / nl[k] for k in nl]))
     if json_out:
         print(json.dumps(s, indent=1))
         return
@@ -219,7 +226,10 @@ def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset dire
     t.add_row("stable (MAD/median <= 1%)", str(s["stable_records_mad_1pct"]))
     t.add_row("leaves per program (min/median/max)", f"{s['leaves'].get('min')}/{s['leaves'].get('median')}/{s['leaves'].get('max')}")
     for k, v in s["network_latency_s"].items():
-        t.add_row(f"network {k}", f"{v * 1e3:.3f} ms")
+        f = s["network_latency_first_sample_s"][k]
+        t.add_row(f"network {k}", f"{v * 1e3:.3f} ms; first samples {f * 1e3:.3f} ms ({f / v:.2f}×)")
+    if "first_sample_slowdown_median" in s:
+        t.add_row("first samples / fastest, median network", f"{s['first_sample_slowdown_median']:.2f}×")
     con.print(t)
 
 

@@ -1062,19 +1062,28 @@ class Dataset:
             raise TensorplanError(f"metric must be 'cov' or 'mad', got {metric!r}")
         return r[r[col] <= max_cov]
 
-    def network_latencies(self, max_cov: float | None = DEFAULT_MAX_COV,
-                          metric: str = "cov") -> dict[tuple[str, str], float]:
+    def network_latencies(self, max_cov: float | None = DEFAULT_MAX_COV, metric: str = "cov",
+                          program: str = "fastest") -> dict[tuple[str, str], float]:
         """Measured network latency per (network, device): sum over the network's tasks of
-        call-site count x median latency of the task's fastest stable sampled program (module doc).
+        call-site count x median latency of one stable sampled program of the task (module doc):
+        its fastest (`program="fastest"`, a tuned network) or its lowest-numbered design-space
+        sample (`"first"`, what `tensorplan predict` schedules: an untuned network).
         Networks with a task lacking any stable measurement on that device are left out."""
         r = self._stable_rows(max_cov, metric)
-        best = r.groupby(["task_key", "device"])["latency_s"].min().to_dict()
+        g = r.groupby(["task_key", "device"])
+        if program == "fastest":
+            lat = g["latency_s"].min().to_dict()
+        elif program == "first":
+            f = r.loc[g["sample_index"].idxmin()]
+            lat = dict(zip(zip(f["task_key"], f["device"]), f["latency_s"]))
+        else:
+            raise TensorplanError(f"network_latencies: program must be 'fastest' or 'first', got {program!r}")
         devs = sorted(r["device"].unique())
         out = {}
         for net, tk in self.network_tasks().items():
             for d in devs:
-                if all((k, d) in best for k in tk):
-                    out[(net, d)] = float(sum(c * best[(k, d)] for k, c in tk.items()))
+                if all((k, d) in lat for k in tk):
+                    out[(net, d)] = float(sum(c * lat[(k, d)] for k, c in tk.items()))
         return out
 
     def network_tasks(self) -> dict[str, dict[str, int]]:
