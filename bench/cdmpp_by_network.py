@@ -105,16 +105,24 @@ def summary(out: Path, seed: int, time_scale: float, devices: list[str]) -> dict
                 x = by[(net, m)]["metrics"]
                 table[net][m] = {"mape_pct": x["mape_pct"], "median_ape_pct": x["median_ape_pct"],
                                  "acc20_pct": x["acc20_pct"],
-                                 "network_latency_err_pct": network_error(x)}
+                                 "network_latency_err_pct": network_error(x),
+                                 "network_latency_first_err_pct": network_error(x, "first"),
+                                 "picked_regret_pct": network_error(x, "picked", "_mean_regret_pct")}
     for m in models:
         have = [n for n in nets if m in table[n]]
         w = np.array([table[n]["n_test"] for n in have], float)
         mape = np.array([table[n][m]["mape_pct"] for n in have])
-        nl = [table[n][m]["network_latency_err_pct"] for n in have if table[n][m]["network_latency_err_pct"] is not None]
+
+        def med(col: str) -> float | None:
+            v = [table[n][m][col] for n in have if table[n][m][col] is not None]
+            return float(np.median(v)) if v else None
+
         pooled[m] = {"folds": len(have), "pooled_mape_pct": float((w * mape).sum() / w.sum()),
                      "median_network_mape_pct": float(np.median(mape)),
                      "networks_at_or_below_14pct": int((mape <= 14.03).sum()),
-                     "median_network_latency_err_pct": float(np.median(nl)) if nl else None}
+                     "median_network_latency_err_pct": med("network_latency_err_pct"),
+                     "median_network_latency_first_err_pct": med("network_latency_first_err_pct"),
+                     "median_picked_regret_pct": med("picked_regret_pct")}
     doc = {"bench": "cdmpp_by_network", "seed": seed, "time_scale": time_scale, "devices": devices,
            "cpu": rows[0]["cpu"] if rows else "", "networks": table, "pooled": pooled}
     js = out.with_suffix(".json")
@@ -134,19 +142,23 @@ def summary(out: Path, seed: int, time_scale: float, devices: list[str]) -> dict
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
 
-    print("| held-out network | test records (tasks) | " + " | ".join(f"{m} MAPE % | {m} median APE % | {m} net. lat. err %" for m in models) + " |")
+    print("| held-out network | test records (tasks) | " + " | ".join(
+        f"{m} MAPE % | {m} median APE % | {m} net. lat. err % fastest / first" for m in models) + " |")
     print("|---|---:|" + "---:|" * (3 * len(models)))
     f = (lambda v: "–" if v is None else f"{v:.1f}")
     for n in nets:
         cells = []
         for m in models:
             e = table[n].get(m, {})
-            cells += [f(e.get("mape_pct")), f(e.get("median_ape_pct")), f(e.get("network_latency_err_pct"))]
+            cells += [f(e.get("mape_pct")), f(e.get("median_ape_pct")),
+                      f"{f(e.get('network_latency_err_pct'))} / {f(e.get('network_latency_first_err_pct'))}"]
         print(f"| {n} | {table[n]['n_test']} ({table[n]['n_test_tasks']}) | " + " | ".join(cells) + " |")
     for m, p in pooled.items():
         print(f"{m}: pooled MAPE {p['pooled_mape_pct']:.1f}% over {p['folds']} folds, median per network "
               f"{p['median_network_mape_pct']:.1f}%, networks <= 14.03%: {p['networks_at_or_below_14pct']}, "
-              f"median network latency error {p['median_network_latency_err_pct']}")
+              f"median network latency error {f(p['median_network_latency_err_pct'])}% (fastest programs) / "
+              f"{f(p['median_network_latency_first_err_pct'])}% (first samples), median regret of the model's "
+              f"picks {f(p['median_picked_regret_pct'])}%")
     print(f"wrote {js} and {out.with_suffix('.png')}")
     return doc
 
