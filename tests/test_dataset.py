@@ -83,7 +83,7 @@ def test_collect_export_load_roundtrip(tmp_path):
     ds = D.load_dataset(out)
     r = ds.records
     for col in ("record_id", "task_key", "task_name", "networks", "device", "device_key", "latency_s", "cov",
-                "repeats", "flops", "n_leaves", "trace"):
+                "repeats", "flops", "n_leaves", "trace", "sample_index"):
         assert col in r.columns
     assert len(ds.leaves) == len(r) == len(ds.positions)
     for i in range(len(r)):
@@ -106,10 +106,14 @@ def test_collect_export_load_roundtrip(tmp_path):
     assert (st_.records["cov"] <= 0.5).all()
     nl = ds.network_latencies(max_cov=None)
     assert set(nl) == {("tiny-mlp", "local-1t"), ("tiny-mlp", "local-2t")}
-    best = ds.best_programs(max_cov=None)
-    exp = sum(c * best[(best.task_key == k) & (best.device == "local-1t")].latency_s.iloc[0]
-              for k, c in ((t, dict(n)["tiny-mlp"]) for t, n in zip(ds.tasks.task_key, ds.tasks.networks)))
+    r1 = ds.records[ds.records["device"] == "local-1t"]
+    calls = {t: dict(n)["tiny-mlp"] for t, n in zip(ds.tasks.task_key, ds.tasks.networks)}
+    exp = sum(c * r1[r1.task_key == k].latency_s.min() for k, c in calls.items())
     assert nl[("tiny-mlp", "local-1t")] == pytest.approx(exp)
+    # the untuned network: each kernel's lowest-numbered sample
+    first = ds.network_latencies(max_cov=None, program="first")
+    exp = sum(c * r1[r1.task_key == k].sort_values("sample_index").latency_s.iloc[0] for k, c in calls.items())
+    assert first[("tiny-mlp", "local-1t")] == pytest.approx(exp) and exp >= nl[("tiny-mlp", "local-1t")]
 
 
 def test_two_thread_domain_really_uses_two_threads(tmp_path):

@@ -1094,11 +1094,6 @@ class Dataset:
                 out.setdefault(net, {})[key] = c
         return out
 
-    def best_programs(self, max_cov: float | None = DEFAULT_MAX_COV, metric: str = "cov") -> Any:
-        """Records of the fastest stable program per (task, device)."""
-        r = self._stable_rows(max_cov, metric)
-        return r.loc[r.groupby(["task_key", "device"])["latency_s"].idxmin()]
-
     def stats(self) -> dict:
         r = self.records
         nets = sorted({k for v in self.tasks["networks"] for k, _ in v})
