@@ -196,8 +196,10 @@ def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset dire
           max_cov: float = typer.Option(0.01, "--max-cov", help="Spread threshold for stable records (network latencies)."),
           metric: str = typer.Option("cov", "--metric", help="Spread measure: cov (std/mean, CDMPP) or mad (MAD/median)."),
           json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Counts (records, programs, tasks, networks, devices), stability, and measured network latencies
-    (each kernel's fastest program, and its first design-space sample: tuned vs untuned)."""
+    """Counts (records, programs, tasks, networks, devices), stability, and measured network latencies.
+
+    Each network's latency is summed twice: from each kernel's fastest program (tuned) and from its
+    first design-space sample (untuned, what `tensorplan predict` schedules)."""
     import numpy as np
 
     from ..predict.dataset import load_dataset

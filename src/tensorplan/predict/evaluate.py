@@ -222,7 +222,7 @@ def _network_errors(model: Estimator, data: EvalData, networks: Sequence[str] | 
     net_tasks = {n: tk for n, tk in ds.network_tasks().items() if networks is None or n in networks}
     devs = sorted(d for d in rec["device"].unique() if devices is None or d in devices)
     need = {k for tk in net_tasks.values() for k in tk}
-    rows = rec[rec["task_key"].isin(need) & rec["device"].isin(devs) & rec["record_id"].isin(list(data.pos))]
+    rows = rec[rec["task_key"].isin(need) & rec["device"].isin(devs)]
     out: dict[str, dict] = {k: {} for k in NETWORK_PICKS}
     if rows.empty:
         return out
