@@ -27,6 +27,46 @@ def test_measured_summary_weights_totals_by_calls_and_skips_unmeasured():
     assert s["spearman_across_kernels"] == pytest.approx(1.0)
 
 
+def test_measured_summary_reports_the_tuned_picks_over_kernels_timed_both_ways():
+    ks = [{"task": "a", "calls": 2, "sample": 0, "predicted_us": 10.0, "measured_us": 20.0,
+           "tuned_sample": 3, "tuned_us": 5.0, "tuned_measured_us": 8.0},
+          {"task": "b", "calls": 1, "sample": 0, "predicted_us": 30.0, "measured_us": 30.0,
+           "tuned_sample": 0, "tuned_us": 30.0, "tuned_measured_us": 30.0},
+          {"task": "c", "calls": 1, "sample": 1, "predicted_us": 5.0, "measured_us": 4.0,
+           "tuned_sample": 2, "tuned_us": 4.0, "tuned_measure_error": "failed"}]
+    t = measured_summary(ks)["tuned"]
+    assert (t["kernels"], t["changed"], t["kernels_slower"]) == (2, 1, 0)
+    assert t["predicted_ms"] == pytest.approx((2 * 5 + 30) / 1e3)
+    assert t["measured_ms"] == pytest.approx((2 * 8 + 30) / 1e3)
+    assert t["measured_speedup"] == pytest.approx((2 * 20 + 30) / (2 * 8 + 30))
+    assert "tuned" not in measured_summary([{**k, "tuned_measured_us": None} for k in ks])
+
+
+@pytest.mark.slow
+def test_tuned_prediction_ranks_each_kernels_schedules_and_times_the_picks(tmp_path):
+    """`predict --tuned N --measure`: every kernel's first N design-space schedules are predicted, the
+    predicted-fastest is its pick (never predicted slower than the default, which is among them), and
+    the picks are compiled and timed here next to the default schedules."""
+    env = {**os.environ, "TENSORPLAN_CACHE": str(tmp_path / "cache")}
+    r = _cli("predict", "tiny-cnn", "--device", "local-1t", "--shipped", "--tuned", "6", "--measure", "--json",
+             env=env)
+    ks = r["kernels"]
+    assert r["tuned"] == 6 and all(1 <= k["candidates"] <= 6 for k in ks)
+    assert any(k["candidates"] > 1 for k in ks)
+    assert all(k["tuned_us"] <= k["predicted_us"] * (1 + 1e-9) for k in ks)
+    assert r["tuned_total_ms"] == pytest.approx(sum(k["calls"] * k["tuned_us"] for k in ks) / 1e3)
+    assert r["tuned_total_ms"] <= r["total_ms"]
+    t = r["measured"]["tuned"]
+    assert t["kernels"] == r["n_kernels"] and t["measured_ms"] > 0 and t["measured_speedup"] > 0
+    for k in ks:
+        assert k["tuned_measured_us"] > 0
+        if k["tuned_sample"] == k["sample"]:
+            assert k["tuned_measured_us"] == k["measured_us"]
+    assert t["changed"] == sum(k["tuned_sample"] != k["sample"] for k in ks)
+    with pytest.raises(TensorplanError, match="tuned"):
+        predict_network("tiny-mlp", tuned=-1)
+
+
 def test_measure_only_on_this_machines_domains():
     assert local_threads("local-1t") == 1
     with pytest.raises(TensorplanError, match="'local' or 'local-<N>t', not 'zen4-1t'"):

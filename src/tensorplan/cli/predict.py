@@ -130,6 +130,9 @@ def register(app: typer.Typer) -> None:
                                      "model and predict with the shipped one."),
         input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=D1,D2,... (repeatable): static "
                                               "shapes for a model with symbolic dimensions."),
+        tuned: int = typer.Option(0, "--tuned", help="Also rank each kernel's first N design-space schedules with "
+                                  "the model and report the network with the predicted-fastest ones (with --measure: "
+                                  "timed too, so you see what the picks are worth)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Predict per-kernel and whole-model latency of a network with CDMPP (--measure: and check it)."""
@@ -138,7 +141,7 @@ def register(app: typer.Typer) -> None:
 
         r = predict_network(model, device=device, weights=weights, log=None if json_out else _log,
                             measure=measure, progress=not json_out, calibrated=not shipped,
-                            input_shapes=parse_input_shapes(input_shape) or None)
+                            input_shapes=parse_input_shapes(input_shape) or None, tuned=tuned)
         if json_out:
             print(_dump(r))
             return
@@ -147,7 +150,8 @@ def register(app: typer.Typer) -> None:
         t = Table(title=f"{r['model']} on {r['domain']} ({r['predictor']}): {r['total_ms']:.3f} ms predicted{rng}")
         spread = all("log_spread" in k for k in r["kernels"])
         cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + (
-            ["meas µs", "pred/meas"] if measure else []) + ["× calls µs", "share"]
+            ["meas µs", "pred/meas"] if measure else []) + ["× calls µs", "share"] + (
+            ["tuned pred µs"] + (["tuned meas µs"] if measure else []) if tuned else [])
         for c in cols:
             t.add_column(c, justify="left" if c == "kernel" else "right")
         tot = max(r["total_ms"] * 1e3, 1e-12)
@@ -157,8 +161,15 @@ def register(app: typer.Typer) -> None:
             if measure:
                 mu = k.get("measured_us")
                 extra += [f"{mu:.1f}", f"{k['predicted_us'] / mu:.2f}"] if mu else [k.get("measure_error", "-"), "-"]
+            tail = []
+            if tuned:   # the model's pick among the kernel's first N schedules ("=" : the default one)
+                same = k["tuned_sample"] == k["sample"]
+                tail = [f"{k['tuned_us']:.1f}" + (" =" if same else "")]
+                if measure:
+                    tm = k.get("tuned_measured_us")
+                    tail.append(f"{tm:.1f}" if tm else k.get("tuned_measure_error", "-"))
             t.add_row(k["task"], str(k["calls"]), f"{k['flops'] / 1e6:.2f}", str(k["leaves"]), f"{k['predicted_us']:.1f}",
-                      *extra, f"{k['total_us']:.1f}", f"{100 * k['total_us'] / tot:.1f}%")
+                      *extra, f"{k['total_us']:.1f}", f"{100 * k['total_us'] / tot:.1f}%", *tail)
         Console().print(t)
         _log(f"{r['n_kernels']} kernels; featurize {r['featurize_s']:.1f} s, predict {r['predict_s'] * 1e3:.1f} ms")
         m = r.get("measured")
@@ -170,6 +181,16 @@ def register(app: typer.Typer) -> None:
                 f"({m['total_ratio']:.2f}×); per kernel MAPE {pk['mape_pct']:.1f}%, median APE "
                 f"{pk['median_ape_pct']:.1f}%, within ±20% {pk['acc20_pct']:.0f}%, Spearman "
                 f"{m['spearman_across_kernels']:.2f}")
+        if tuned:
+            changed = sum(k["tuned_sample"] != k["sample"] for k in r["kernels"])
+            Console().print(f"tuned (the predicted-fastest of each kernel's first {tuned} schedules; {changed} of "
+                            f"{r['n_kernels']} kernels change): {r['tuned_total_ms']:.3f} ms predicted")
+            mt = (m or {}).get("tuned")
+            if mt:
+                Console().print(f"tuned, measured over {mt['kernels']} kernels: {mt['predicted_ms']:.3f} ms predicted vs "
+                                f"{mt['measured_ms']:.3f} ms measured ({mt['total_ratio']:.2f}×); "
+                                f"{mt['measured_speedup']:.2f}× faster than the default schedules measured "
+                                f"({mt['default_measured_ms']:.3f} ms); {mt['kernels_slower']} kernels got slower")
         if m and m.get("kernels_failed"):
             _log(f"not measured: {', '.join(m['kernels_failed'])}")
         if r.get("warning"):

@@ -772,7 +772,8 @@ class CDMPP(Estimator):
                  flat_skip: bool = False, task_io: bool = False, base: str = "none", parts_input: bool = False,
                  lr: float = 1e-3, weight_decay: float = 1.307e-5, batch_size: int = 128,
                  epochs: int = 60, max_time_s: float | None = None, cycle_epochs: float = 10.0,
-                 w_mse: float = 1.0, w_mape: float = 0.1, ape_cap: float = 1.0, cmd_alpha: float = 1.0, cmd_k: int = 5,
+                 w_mse: float = 1.0, w_mape: float = 0.1, ape_cap: float = 1.0, w_rank: float = 0.0,
+                 rank_group: int = 8, rank_temp: float = 0.25, cmd_alpha: float = 1.0, cmd_k: int = 5,
                  cmd_batch: int = 256, cmd_layer: str = "r", grad_clip: float = 2.0, finetune_steps: int = 300,
                  finetune_lr: float = 3e-4, finetune_scope: str = "head", seed: int = 0, threads: int | None = None,
                  verbose: bool = False):
@@ -791,6 +792,10 @@ class CDMPP(Estimator):
         self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
         self.max_time_s, self.cycle_epochs = max_time_s, cycle_epochs
         self.ape_cap = ape_cap
+        if w_rank < 0 or rank_group < 2 or rank_temp <= 0:
+            raise TensorplanError(f"cdmpp: need w_rank >= 0, rank_group >= 2 and rank_temp > 0, got "
+                                  f"{w_rank}, {rank_group}, {rank_temp}")
+        self.w_rank, self.rank_group, self.rank_temp = w_rank, rank_group, rank_temp
         self.w_mse, self.w_mape, self.cmd_alpha, self.cmd_k, self.cmd_batch = w_mse, w_mape, cmd_alpha, cmd_k, cmd_batch
         self.grad_clip, self.finetune_steps, self.finetune_lr = grad_clip, finetune_steps, finetune_lr
         if cmd_layer not in ("r", "z"):
@@ -870,6 +875,38 @@ class CDMPP(Estimator):
             mape = torch.mean(torch.clamp(torch.abs(p_s - y_s) / y_s, max=self.ape_cap)).float()
             return self.w_mse * mse + self.w_mape * mape
         return self.w_mse * mse
+
+    def _rank_loss(self, pred, y_s, base_s, piece):
+        """Pairwise (RankNet) loss over programs of one (task, device) `piece` of the batch.
+
+        Why: MSE over all records is mostly spent on the spread *between* tasks (latencies span
+        five decades); the spread between schedules of one task, which decides what a tuner picks,
+        is a small part of it. Each pair's logistic loss is on the difference of predicted log
+        seconds over `rank_temp`, weighted by the measured log ratio (capped at 1), so near-ties
+        (under 5 %, inside the timer's noise) count for nothing and clear orderings most.
+        """
+        import torch
+
+        logp = torch.log(self.ytf.inverse_torch(pred) * base_s)
+        logy = torch.log(y_s)
+        same = piece[:, None] == piece[None, :]
+        dy = logy[:, None] - logy[None, :]
+        w = torch.where(same & (dy > 0.05), torch.clamp(dy, max=1.0), torch.zeros_like(dy))
+        if float(w.sum()) == 0.0:
+            return pred.sum() * 0.0
+        dp = (logp[:, None] - logp[None, :]) / self.rank_temp  # should be > 0 where dy > 0
+        return (torch.nn.functional.softplus(-dp) * w).sum() / w.sum()
+
+    def _ranked_batches(self, codes: np.ndarray, rng, bs: int) -> list[np.ndarray]:
+        """One epoch of batches built from `rank_group`-program pieces of one (task, device) each
+        (`codes`: each record's group), so every batch holds within-task pairs for `_rank_loss`;
+        every record still appears once."""
+        perm = rng.permutation(len(codes))
+        perm = perm[np.argsort(codes[perm], kind="stable")]           # shuffled within each group
+        cuts = np.flatnonzero(np.diff(codes[perm])) + 1
+        pieces = [c for g in np.split(perm, cuts) for c in np.array_split(g, max(1, len(g) // self.rank_group))]
+        chunks = np.array_split(rng.permutation(len(pieces)), max(1, len(pieces) * self.rank_group // bs))
+        return [np.concatenate([pieces[j] for j in c]) for c in chunks]
 
     # ---------------------------------------------------------------- fit
     def fit(self, train, val=None, target=None) -> "CDMPP":
@@ -964,6 +1001,8 @@ class CDMPP(Estimator):
         use_cmd = target is not None and len(target) > 1 and self.cmd_alpha > 0
         if use_cmd:
             self._check_dev(target)
+        if self.w_rank:   # which (task, device) each record belongs to, for the ranking pairs
+            grp = np.unique([f"{t}@{d}" for t, d in zip(tr.task_key, tr.device_name)], return_inverse=True)[1]
         best, best_state = math.inf, None
         t0, step, batches = time.perf_counter(), 0, []
         bs = max(2, min(batch_size, len(tr)))
@@ -972,13 +1011,17 @@ class CDMPP(Estimator):
                 idx = rng.choice(len(tr), size=bs, replace=True, p=weights)
             else:
                 if not batches:  # a new epoch: shuffled, near-equal batches (none too small for a norm layer)
-                    batches = np.array_split(rng.permutation(len(tr)), max(1, len(tr) // bs))
+                    batches = (self._ranked_batches(grp, rng, bs) if self.w_rank else
+                               np.array_split(rng.permutation(len(tr)), max(1, len(tr) // bs)))
                 idx = batches.pop()
             net.train()
             x, p, v, d = self._tensors(tr, idx)
             pred, r = net(x, p, v, d, self.cmd_layer, self._io(tr, idx))
             it = torch.from_numpy(idx)
             loss = self._loss(pred, y_norm_all[it], y_s_all[it], base_all[it])
+            if self.w_rank and weights is None:
+                loss = loss + self.w_rank * self._rank_loss(pred, y_s_all[it], base_all[it],
+                                                             torch.from_numpy(grp[idx]))
             dval = 0.0
             if use_cmd:
                 tidx = rng.choice(len(target), size=min(self.cmd_batch, len(target)), replace=False)

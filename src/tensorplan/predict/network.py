@@ -1,9 +1,11 @@
 """Whole-network latency prediction (`tensorplan predict`), and its measured check.
 
 A network becomes its fused kernels (`tasks.network_tasks`); each kernel gets one deterministic
-schedule (`default_task_schedule`: meta-schedule design-space sample 0, drawn exactly as the
-dataset draws its programs), its compact AST, and a predicted latency. The network's latency is
-the call-count-weighted sum, the quantity CDMPP's end-to-end replay predicts.
+schedule (its first valid meta-schedule design-space sample, drawn exactly as the dataset draws its
+programs: `task_schedules`), its compact AST, and a predicted latency. The network's latency is
+the call-count-weighted sum, the quantity CDMPP's end-to-end replay predicts. With `tuned=N` the
+model also acts as a tuner's cost model: it ranks each kernel's first N samples and sums the
+predicted-fastest ones.
 
 Why `measure`: a prediction alone is a claim. With `measure=True` every kernel is also compiled
 with that same schedule and timed on this machine with the dataset's timer (`dataset.time_module`,
@@ -33,25 +35,28 @@ from .cdmpp import (SHIPPED_MODEL, ProgramArrays, device_features, load_estimato
 MEASURE_TIMER = {"min_repeat_s": 2e-5, "repeats": 15, "max_kernel_s": 5.0}
 
 
-def default_task_schedule(task, target=None, tries: int = 8):
-    """A deterministic schedule for a task -> (module, description, sample index or None):
-    meta-schedule design-space sample 0 (same sampler and seeds as the dataset, so the program looks
-    like the training data, and is the dataset's program `index` of that task where it was
-    measured); the unscheduled function if none applies."""
+def task_schedules(task, target=None, n: int = 1, tries: int = 8) -> list[tuple]:
+    """The first `n` valid meta-schedule design-space samples of a task among draws 0..tries-1 ->
+    [(module, sample index)]: the same sampler and seeds as the dataset, so the programs look like
+    the training data, and draw i is the dataset's program `index` i of that task where it was
+    measured. Empty when no draw is valid (or the task has no design space)."""
     import tvm
 
     from .dataset import _TaskState, sample_schedule
 
     target = target or tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    out = []
     try:
         st = _TaskState(task, target)
         for i in range(tries if st.spaces else 0):
             r = sample_schedule(st, i)
             if r is not None:
-                return r[0].mod, f"meta-schedule sample {i}", i
-    except Exception:  # noqa: BLE001 - fall back to the plain loop nest
+                out.append((r[0].mod, i))
+                if len(out) == n:
+                    break
+    except Exception:  # noqa: BLE001 - a task meta-schedule cannot schedule: the caller falls back
         pass
-    return task.mod, "unscheduled", None
+    return out
 
 
 SHIPPED_GPU_MODEL = SHIPPED_MODEL.with_name("cdmpp-h100.pt")
@@ -120,6 +125,15 @@ def measured_summary(kernels: list[dict]) -> dict:
     out["measured_ms"] = float(calls @ meas * 1e3)
     out["total_ratio"] = out["predicted_ms"] / out["measured_ms"]
     out["total_ape_pct"] = 100 * abs(out["total_ratio"] - 1)
+    both = [k for k in ok if k.get("tuned_measured_us")]
+    if both:   # `predict_network(tuned=N)`: the model's picks, timed, over the kernels timed both ways
+        c = np.array([k["calls"] for k in both], np.float64)
+        tp, tm, dm = (c @ np.array([k[f] for k in both]) / 1e3
+                      for f in ("tuned_us", "tuned_measured_us", "measured_us"))
+        out["tuned"] = {"kernels": len(both), "changed": sum(k["tuned_sample"] != k["sample"] for k in both),
+                        "predicted_ms": tp, "measured_ms": tm, "default_measured_ms": dm, "total_ratio": tp / tm,
+                        "measured_speedup": dm / tm,
+                        "kernels_slower": sum(k["tuned_measured_us"] > 1.05 * k["measured_us"] for k in both)}
     return out
 
 
@@ -149,21 +163,29 @@ def static_onnx(path: Path, name: str, input_shapes: dict[str, tuple[int, ...]] 
 def predict_network(model: str, device: str = "local", weights: str | Path | None = None,
                     log: Callable[[str], None] | None = None, measure: bool = False,
                     progress: bool = False, calibrated: bool = True,
-                    input_shapes: dict[str, tuple[int, ...]] | None = None) -> dict:
+                    input_shapes: dict[str, tuple[int, ...]] | None = None, tuned: int = 0) -> dict:
     """MODEL (ONNX path or zoo name) -> fused tasks -> default schedule -> features -> latency.
 
     `measure`: also compile and time each kernel's program here (`local` domains only) and report
     prediction vs measurement (`measured_summary`, key "measured"). `calibrated`: for this machine's
     domains, use the model `tensorplan calibrate` fitted here when there is one (and no `weights`).
-    `input_shapes` fixes the symbolic dimensions of a dynamic model (as `--input-shape` elsewhere)."""
+    `input_shapes` fixes the symbolic dimensions of a dynamic model (as `--input-shape` elsewhere).
+
+    `tuned` = N > 0: the predictor as a tuner's cost model, with no measurement. Each kernel also
+    gets its first N valid design-space samples (the default schedule among them), all predicted;
+    the one predicted fastest is its "tuned" schedule, and "tuned_total_ms" the network with those.
+    With `measure`, the tuned picks are timed too, so the measured speed-up over the default
+    schedules shows what the model's picks are worth (`measured_summary`, key "tuned")."""
     import tvm
 
     from ..devices.spec import feature_differences
     from ..graph.load import resolve_model
     from .dataset import init_pool, time_module
-    from .features import compact_ast
+    from .features import featurize_many
     from .tasks import network_tasks_and_gaps, task_io_of
 
+    if tuned < 0:
+        raise TensorplanError(f"tuned: the number of schedules to compare per kernel must be >= 0, got {tuned}")
     path, name = resolve_model(model)
     path = static_onnx(path, name, input_shapes)   # a bad model fails here, before any model loading
     dom = resolve_domain(device)
@@ -213,35 +235,48 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
             + ", ".join(f"{op.removeprefix('relax.')} x{n}" for op, n in sorted(gaps.items())))
     if not tasks:
         raise TensorplanError(f"model '{model}': no fused kernels found")
-    asts, how, ios, mods, sample = [], [], [], [], []
+    # every program to predict, the tasks' default schedules first: (task index, module, sample index)
+    progs: list[tuple[int, object, int | None]] = []
+    how = []
     with progress_bar("schedule + featurize", len(tasks), progress) as advance:
         target = gpu_target(dom) if is_gpu else None
-        for t in tasks:
-            # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
-            # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
-            mod, h, i = default_task_schedule(t, target, tries=GPU_SAMPLE_TRIES if is_gpu else 8)
-            sample.append(i)
-            asts.append(compact_ast(mod, is_gpu=is_gpu))
-            ios.append(task_io_of(mod))
-            how.append(h)
-            mods.append(mod)
+        # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
+        # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
+        tries = (GPU_SAMPLE_TRIES if is_gpu else 8) + 4 * tuned
+        for j, t in enumerate(tasks):
+            got = task_schedules(t, target, max(1, tuned), tries)
+            how.append(f"meta-schedule sample {got[0][1]}" if got else "unscheduled")
+            progs.append((j, got[0][0], got[0][1]) if got else (j, t.mod, None))
+            progs.extend((j, m, i) for m, i in got[1:])
             advance()
             if log:
-                log(f"{t.name}: {h}, {asts[-1].n_leaves} leaves")
+                log(f"{t.name}: {how[-1]}" + (f", {len(got)} schedules to compare" if tuned else ""))
+    asts = featurize_many([m for _, m, _ in progs], is_gpu=is_gpu)
     t1 = time.perf_counter()
     arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
-                                      task_key=[t.key for t in tasks], flops=[a.flops for a in asts], task_io=ios)
+                                      task_key=[tasks[j].key for j, _, _ in progs], flops=[a.flops for a in asts],
+                                      task_io=[task_io_of(m) for _, m, _ in progs])
     # an ensemble also says how much its members disagree (std of log latency) per kernel
     logs = est.member_log_predictions(arr) if hasattr(est, "member_log_predictions") else None
     pred, spread = est.from_logs(logs) if logs is not None else (est.predict(arr), None)
     t2 = time.perf_counter()
-    kernels = []
-    for i, (t, a, h, s) in enumerate(zip(tasks, asts, how, pred)):
-        c = int(t.networks.get(name, 1))
-        kernels.append({"task": t.name, "key": t.key, "calls": c, "flops": float(t.flops), "leaves": a.n_leaves,
-                        "schedule": h, "sample": sample[i], "predicted_us": 1e6 * float(s), "total_us": 1e6 * float(s) * c})
+    owner = np.array([j for j, _, _ in progs])
+    first = np.searchsorted(owner, np.arange(len(tasks)))       # each task's default-schedule row
+    kernels, mods, tuned_mods = [], [], []
+    for j, t in enumerate(tasks):
+        r, c = first[j], int(t.networks.get(name, 1))
+        s = float(pred[r])
+        kernels.append({"task": t.name, "key": t.key, "calls": c, "flops": float(t.flops), "leaves": asts[r].n_leaves,
+                        "schedule": how[j], "sample": progs[r][2], "predicted_us": 1e6 * s, "total_us": 1e6 * s * c})
+        mods.append(progs[r][1])
         if spread is not None:
-            kernels[-1]["log_spread"] = float(spread[i])
+            kernels[-1]["log_spread"] = float(spread[r])
+        if tuned:
+            rows = np.flatnonzero(owner == j)
+            b = int(rows[np.argmin(pred[rows])])
+            kernels[-1].update({"candidates": len(rows), "tuned_sample": progs[b][2],
+                                "tuned_us": 1e6 * float(pred[b]), "tuned_total_us": 1e6 * float(pred[b]) * c})
+            tuned_mods.append(progs[b][1] if b != r else None)
     total = sum(k["total_us"] for k in kernels)
     unscheduled = [k["task"] for k in kernels if k["schedule"] == "unscheduled"]
     if unscheduled and is_gpu and log:   # a loop nest without thread binding is no CUDA program at all
@@ -252,23 +287,34 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
            "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
            "n_kernels": len(kernels), "unscheduled": unscheduled, "featurize_s": t1 - t0, "predict_s": t2 - t1,
            "not_predicted": gaps}
+    if tuned:
+        out["tuned"] = tuned
+        out["tuned_total_ms"] = sum(k["tuned_total_us"] for k in kernels) / 1e3
     if logs is not None:   # the whole model as each member alone predicts it: a range for the total
         calls = np.array([k["calls"] for k in kernels], np.float64)
-        out["member_total_ms"] = (np.exp(logs) @ calls * 1e3).tolist()
+        out["member_total_ms"] = (np.exp(logs[:, first]) @ calls * 1e3).tolist()
     if threads is not None:
         target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
         t3 = time.perf_counter()
         with progress_bar("compile + time", len(tasks), progress) as advance:
-            for k, t, mod in zip(kernels, tasks, mods):
+            for j, (k, t, mod) in enumerate(zip(kernels, tasks, mods)):
                 r = time_module(mod, t, target, [threads], **MEASURE_TIMER)
-                advance()
                 if isinstance(r, str):
                     k["measure_error"] = r
                     if log:
                         log(f"{t.name}: not measured ({r})")
-                    continue
-                k["measured_us"] = 1e6 * r[threads].median_s
-                k["measured_cov"] = r[threads].cov
+                else:
+                    k["measured_us"] = 1e6 * r[threads].median_s
+                    k["measured_cov"] = r[threads].cov
+                if tuned and tuned_mods[j] is None:          # the default schedule is the pick
+                    k["tuned_measured_us"] = k.get("measured_us")
+                elif tuned:
+                    r = time_module(tuned_mods[j], t, target, [threads], **MEASURE_TIMER)
+                    if isinstance(r, str):
+                        k["tuned_measure_error"] = r
+                    else:
+                        k["tuned_measured_us"] = 1e6 * r[threads].median_s
+                advance()
         out["measured"] = measured_summary(kernels)
         out["measured"]["threads"] = threads
         out["measure_s"] = time.perf_counter() - t3

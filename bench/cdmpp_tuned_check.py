@@ -1,0 +1,95 @@
+"""`tensorplan predict --tuned N --measure` over several networks: the model as a tuner's cost model.
+
+Why: `predict` sums each kernel's default schedule (its first design-space sample), which runs
+~2-3x slower than the kernel's best sampled schedule (`tensorplan dataset stats`). With `--tuned N`
+the model ranks each kernel's first N samples without timing any and keeps the predicted-fastest.
+This script times, on this CPU, the default schedules and the model's picks for each network,
+so the speed-up the picks buy, the kernels they make slower, and how well the tuned total is
+predicted are measured, not claimed. Networks absent from the dataset (yolov4, tiny-style,
+tiny-linear-attention) are the fair test: for the others, the shipped model has seen these very
+programs' labels in training.
+
+One JSON line per (network, host, N), appended when done, so a killed run resumes; `--summary`
+writes the table (JSON).
+
+    python bench/cdmpp_tuned_check.py --tuned 32          # about 10 min on a 2-core VM
+    python bench/cdmpp_tuned_check.py --summary
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+OUT = Path("bench/results/cdmpp_tuned_check.jsonl")
+NETWORKS = ["tiny-style", "tiny-linear-attention", "yolov4", "tiny-cnn", "mobilenet-v2", "efficientvit-b1"]
+
+
+def _done(path: Path) -> set:
+    if not path.exists():
+        return set()
+    return {(r["model"], r["host"], r["tuned"]) for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+
+
+def run(networks: list[str], tuned: int, device: str, out: Path) -> None:
+    from tensorplan.devices.detect import cpu_info, machine_info
+    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.predict.network import predict_network
+
+    host = cpu_info()["model"]
+    done = _done(out)
+    seen = {k for v in load_dataset(None).tasks["networks"] for k, _ in v}
+    for net in networks:
+        if (net, host, tuned) in done:
+            print(f"{net}: done on {host}")
+            continue
+        r = predict_network(net, device=device, measure=True, progress=True, calibrated=False, tuned=tuned)
+        r.update(host=host, seen_in_dataset=net in seen, machine=machine_info())
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+        t = r["measured"].get("tuned", {})
+        print(f"{net}: default {t.get('default_measured_ms', float('nan')):.2f} ms, picks "
+              f"{t.get('measured_ms', float('nan')):.2f} ms measured", flush=True)
+
+
+def summarize(path: Path) -> dict:
+    """Per (network, host, N): default and tuned totals, measured and predicted, over the kernels timed
+    both ways; the picks' measured speed-up and how many kernels they made slower."""
+    rows = []
+    for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
+        m, t = r["measured"], r["measured"].get("tuned")
+        if not t:
+            continue
+        rows.append({"network": r["model"], "host": r["host"], "tuned": r["tuned"],
+                     "seen_in_dataset": r["seen_in_dataset"], "kernels": r["n_kernels"],
+                     "kernels_timed_both": t["kernels"], "kernels_changed": t["changed"],
+                     "kernels_slower": t["kernels_slower"],
+                     "default_measured_ms": t["default_measured_ms"], "default_predicted_ms": m["predicted_ms"],
+                     "tuned_measured_ms": t["measured_ms"], "tuned_predicted_ms": t["predicted_ms"],
+                     "measured_speedup": t["measured_speedup"], "tuned_total_ratio": t["total_ratio"],
+                     "default_total_ratio": m["total_ratio"]})
+    return {"rows": rows}
+
+
+def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zoo names or ONNX paths."),
+         tuned: int = typer.Option(32, "--tuned", help="Schedules compared per kernel."),
+         device: str = typer.Option("local-1t", help="'local' or 'local-<N>t'."),
+         out: Path = typer.Option(OUT, help="JSONL, one line per (network, host, N); resumable."),
+         summary: bool = typer.Option(False, "--summary", help="Write the summary JSON from the JSONL.")) -> None:
+    """The model's picks among each kernel's first N schedules, timed against the default schedules."""
+    if summary:
+        s = summarize(out)
+        out.with_suffix(".json").write_text(json.dumps(s, indent=1))
+        for x in s["rows"]:
+            print(f"{x['network']:>22} seen={x['seen_in_dataset']!s:5} N={x['tuned']}: default "
+                  f"{x['default_measured_ms']:8.2f} ms -> picks {x['tuned_measured_ms']:8.2f} ms measured "
+                  f"({x['measured_speedup']:.2f}x; {x['kernels_changed']} changed, {x['kernels_slower']} slower); "
+                  f"tuned predicted/measured {x['tuned_total_ratio']:.2f}")
+        return
+    run([m for m in models.split(",") if m], tuned, device, out)
+
+
+if __name__ == "__main__":
+    typer.run(main)
