@@ -10,6 +10,7 @@ errors and picks' regret (`evaluate.NETWORK_PICKS`) of the held-out networks.
     .venv/bin/python bench/cdmpp_sweep.py '{"batch_size": 200}' --n-train 2000 --seconds 90   # can it overfit?
     .venv/bin/python bench/cdmpp_sweep.py '{"cmd_alpha": 0, "parts_input": true, "w_rank": 1}' --split network \\
         --devices local-1t,local-2t --seconds 150 --out bench/results/cdmpp_rank.jsonl
+    .venv/bin/python bench/cdmpp_sweep.py --summary bench/results/cdmpp_rank.jsonl   # medians over seeds
 """
 from __future__ import annotations
 
@@ -22,6 +23,38 @@ import typer
 HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"   # the published evaluation's held-out networks
 
 
+def summarize(path: Path) -> list[dict]:
+    """One row per (params, split) of a sweep JSONL: the median over its seeds of each test figure."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
+        groups.setdefault((json.dumps(r["params"], sort_keys=True), r.get("split", "sample")), []).append(r)
+    rows = []
+    for (params, split), rs in groups.items():
+        def med(get):
+            vals = [v for v in (get(r) for r in rs) if v is not None]
+            return float(np.median(vals)) if vals else None
+        net = (lambda pick, key: lambda r: r.get("network", {}).get(pick, {}).get(key))
+        rows.append({"params": json.loads(params), "split": split, "seeds": sorted(r["seed"] for r in rs),
+                     "mape_pct": med(lambda r: r["test"]["mape_pct"]),
+                     "median_ape_pct": med(lambda r: r["test"]["median_ape_pct"]),
+                     "spearman_within_task": med(lambda r: r["test"].get("spearman_within_task")),
+                     "network_first_err_pct": med(net("first", "_mean_ape_pct")),
+                     "network_picked_err_pct": med(net("picked", "_mean_ape_pct")),
+                     "picks_regret_pct": med(net("picked", "_mean_regret_pct"))})
+    return rows
+
+
+def _print_table(rows: list[dict]) -> None:
+    print("| params | split | seeds | MAPE % | median APE % | ρ in task | network err, first % | "
+          "network err, picked % | picks' regret % |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    f = (lambda x, fmt="{:.1f}": "—" if x is None else fmt.format(x))
+    for r in rows:
+        print(f"| `{json.dumps(r['params'])}` | {r['split']} | {len(r['seeds'])} | {f(r['mape_pct'])} | "
+              f"{f(r['median_ape_pct'])} | {f(r['spearman_within_task'], '{:.3f}')} | "
+              f"{f(r['network_first_err_pct'])} | {f(r['network_picked_err_pct'])} | {f(r['picks_regret_pct'])} |")
+
+
 def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keyword arguments."),
          seconds: float = typer.Option(150.0, "--seconds", help="Training time budget."),
          n_train: int = typer.Option(0, "--n-train", help="Use only the first N training records (0 = all)."),
@@ -29,7 +62,14 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
          holdout: str = typer.Option(HOLDOUT, "--holdout", help="Held-out networks of --split network."),
          devices: str = typer.Option("", "--devices", help="Device domains to use, comma-separated (default: all)."),
          out: Path = typer.Option(None, "--out", help="Also append the JSON line to this file."),
-         seed: int = typer.Option(0, "--seed")) -> None:
+         seed: int = typer.Option(0, "--seed"),
+         summary: Path = typer.Option(None, "--summary", help="Summarise this sweep JSONL (medians over seeds) "
+                                      "into a markdown table and <file>.json; trains nothing.")) -> None:
+    if summary:
+        rows = summarize(summary)
+        summary.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        _print_table(rows)
+        return
     import torch
 
     from tensorplan.predict.cdmpp import CDMPP, regression_metrics

@@ -47,6 +47,8 @@ def register(app: typer.Typer) -> None:
                                           "common leaf count (three-network split 54.4 -> 51.6% MAPE; mixed when leaving one "
                                           "network out, docs/cdmpp.md); "
                                           "up to 8x the file size (a copy per leaf count with 1,000 training programs)."),
+        rank: float = typer.Option(0.0, "--rank", help="cdmpp: weight of the within-task ranking term (0.3 "
+                                   "measured): a better guide for `predict --tuned`, a worse MAPE (docs/cdmpp.md)."),
         epochs: int = typer.Option(400, "--epochs", help="Maximum epochs (cdmpp)."),
         max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds (per member)."),
         members: int = typer.Option(1, "--members", help="Train an ensemble of this many seeds (>= 2): "
@@ -77,7 +79,7 @@ def register(app: typer.Typer) -> None:
         dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / f"{model}.pt")
         _, info = train(data, devices=devices.split(",") if devices else None, out=dest, epochs=epochs,
                         max_time_s=max_time, max_cov=max_spread, stability=stability, members=members,
-                        make=make, parts_input=parts, leaf_experts=leaf_experts)
+                        make=make, parts_input=parts, leaf_experts=leaf_experts, w_rank=rank)
         if json_out:
             print(_dump(info))
             return
@@ -239,7 +241,9 @@ def register(app: typer.Typer) -> None:
                                            "file (e.g. docs/cdmpp.md)."),
         models: Optional[str] = typer.Option(None, "--models", help="Comma-separated models (default: cdmpp, "
                                              "cdmpp-nocmd, cdmpp-parts, cdmpp-nocmd-parts, cdmpp-parts-leaf, xgboost, xgboost-hier, "
-                                             "mlp, tlp, roofline, cdmpp-parts-leaf+xgboost-hier)."),
+                                             "mlp, tlp, roofline, cdmpp-parts-leaf+xgboost-hier); more: "
+                                             "cdmpp-nocmd-parts-rank (within-task ranking term), cdmpp-roofline, "
+                                             "xgboost-parts, NAME-ens, A+B."),
         resume: bool = typer.Option(False, "--resume", help="Keep every model already scored in --out (same data "
                                     "and settings) and score only the others: continues a killed run, or adds "
                                     "models to a finished one. --out is saved after each model."),

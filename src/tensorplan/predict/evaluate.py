@@ -83,6 +83,8 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "cdmpp-parts": lambda: CDMPP(epochs=3, batch_size=128, finetune_steps=10, parts_input=True, **common),
             "cdmpp-nocmd-parts": lambda: CDMPP(epochs=3, batch_size=128, cmd_alpha=0.0, finetune_steps=10,
                                                parts_input=True, **common),
+            "cdmpp-nocmd-parts-rank": lambda: CDMPP(epochs=3, batch_size=128, cmd_alpha=0.0, finetune_steps=10,
+                                                    parts_input=True, w_rank=0.3, **common),
             "xgboost": lambda: TenSetXGB(n_rounds=20, **common),
             "xgboost-bagged": lambda: TenSetXGB(n_rounds=20, subsample=0.7, colsample=0.7, **common),
             "xgboost-hier": lambda: TenSetXGB(n_rounds=20, parts=True, base="hierarchy", **common),
@@ -107,6 +109,10 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "cdmpp-parts": lambda: CDMPP(epochs=400, max_time_s=240 * t, parts_input=True, seed=seed),
             "cdmpp-nocmd-parts": lambda: CDMPP(epochs=400, max_time_s=240 * t, cmd_alpha=0.0, parts_input=True,
                                                seed=seed),
+            # + the within-task ranking term (`CDMPP._rank_loss`): a better guide for a tuner, a worse
+            # MAPE (`python bench/cdmpp_sweep.py --summary bench/results/cdmpp_rank.jsonl`)
+            "cdmpp-nocmd-parts-rank": lambda: CDMPP(epochs=400, max_time_s=240 * t, cmd_alpha=0.0,
+                                                    parts_input=True, w_rank=0.3, seed=seed),
             "xgboost": lambda: TenSetXGB(seed=seed),
             "xgboost-bagged": lambda: TenSetXGB(seed=seed, subsample=0.7, colsample=0.7),
             # + the program's log compute / footprint / traffic seconds, regressing latency over their
