@@ -9,10 +9,16 @@ predicted are measured, not claimed. Networks absent from the dataset (yolov4, t
 tiny-linear-attention) are the fair test: for the others, the shipped model has seen these very
 programs' labels in training.
 
-One JSON line per (network, host, N), appended when done, so a killed run resumes; `--summary`
-writes the table (JSON).
+`--weights` checks another predictor's picks on the same kernels, e.g. one trained with the
+within-task ranking term (`tensorplan train --rank 0.3`) against one trained without it.
 
-    python bench/cdmpp_tuned_check.py --tuned 32          # about 10 min on a 2-core VM
+One JSON line per (network, host, N, label), appended when done, so a killed run resumes;
+`--summary` writes the table (JSON).
+
+    python bench/cdmpp_tuned_check.py --tuned 32          # about 15 min on a 2-core VM
+    tensorplan train --max-time 300 --out base300.pt && tensorplan train --rank 0.3 --max-time 300 --out rank300.pt
+    python bench/cdmpp_tuned_check.py --weights base300.pt --label base300 --models tiny-style,tiny-linear-attention,yolov4
+    python bench/cdmpp_tuned_check.py --weights rank300.pt --label rank300 --models tiny-style,tiny-linear-attention,yolov4
     python bench/cdmpp_tuned_check.py --summary
 """
 from __future__ import annotations
@@ -29,10 +35,14 @@ NETWORKS = ["tiny-style", "tiny-linear-attention", "yolov4", "tiny-cnn", "mobile
 def _done(path: Path) -> set:
     if not path.exists():
         return set()
-    return {(r["model"], r["host"], r["tuned"]) for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+    return {(r["model"], r["host"], r["tuned"], r.get("label", "shipped"))
+            for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
 
 
-def run(networks: list[str], tuned: int, device: str, out: Path) -> None:
+def run(networks: list[str], tuned: int, device: str, out: Path, weights: Path | None = None,
+        label: str = "shipped") -> None:
+    """Per network not yet in the JSONL for (host, N, label): predict with `weights` (default: the
+    shipped model), time the default schedules and the picks."""
     from tensorplan.devices.detect import cpu_info, machine_info
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.network import predict_network
@@ -41,11 +51,12 @@ def run(networks: list[str], tuned: int, device: str, out: Path) -> None:
     done = _done(out)
     seen = {k for v in load_dataset(None).tasks["networks"] for k, _ in v}
     for net in networks:
-        if (net, host, tuned) in done:
+        if (net, host, tuned, label) in done:
             print(f"{net}: done on {host}")
             continue
-        r = predict_network(net, device=device, measure=True, progress=True, calibrated=False, tuned=tuned)
-        r.update(host=host, seen_in_dataset=net in seen, machine=machine_info())
+        r = predict_network(net, device=device, weights=weights, measure=True, progress=True, calibrated=False,
+                            tuned=tuned)
+        r.update(host=host, seen_in_dataset=net in seen, machine=machine_info(), label=label)
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a") as f:
             f.write(json.dumps(r) + "\n")
@@ -62,7 +73,7 @@ def summarize(path: Path) -> dict:
         m, t = r["measured"], r["measured"].get("tuned")
         if not t:
             continue
-        rows.append({"network": r["model"], "host": r["host"], "tuned": r["tuned"],
+        rows.append({"network": r["model"], "host": r["host"], "tuned": r["tuned"], "label": r.get("label", "shipped"),
                      "seen_in_dataset": r["seen_in_dataset"], "kernels": r["n_kernels"],
                      "kernels_timed_both": t["kernels"], "kernels_changed": t["changed"],
                      "kernels_slower": t["kernels_slower"],
@@ -76,19 +87,21 @@ def summarize(path: Path) -> dict:
 def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zoo names or ONNX paths."),
          tuned: int = typer.Option(32, "--tuned", help="Schedules compared per kernel."),
          device: str = typer.Option("local-1t", help="'local' or 'local-<N>t'."),
-         out: Path = typer.Option(OUT, help="JSONL, one line per (network, host, N); resumable."),
+         out: Path = typer.Option(OUT, help="JSONL, one line per (network, host, N, label); resumable."),
+         weights: Path = typer.Option(None, "--weights", help="Predictor file (default: the shipped model)."),
+         label: str = typer.Option("shipped", "--label", help="Name of the predictor in the JSONL (with --weights)."),
          summary: bool = typer.Option(False, "--summary", help="Write the summary JSON from the JSONL.")) -> None:
     """The model's picks among each kernel's first N schedules, timed against the default schedules."""
     if summary:
         s = summarize(out)
         out.with_suffix(".json").write_text(json.dumps(s, indent=1))
         for x in s["rows"]:
-            print(f"{x['network']:>22} seen={x['seen_in_dataset']!s:5} N={x['tuned']}: default "
+            print(f"{x['network']:>22} {x['label']:>10} seen={x['seen_in_dataset']!s:5} N={x['tuned']}: default "
                   f"{x['default_measured_ms']:8.2f} ms -> picks {x['tuned_measured_ms']:8.2f} ms measured "
                   f"({x['measured_speedup']:.2f}x; {x['kernels_changed']} changed, {x['kernels_slower']} slower); "
                   f"tuned predicted/measured {x['tuned_total_ratio']:.2f}")
         return
-    run([m for m in models.split(",") if m], tuned, device, out)
+    run([m for m in models.split(",") if m], tuned, device, out, weights, label)
 
 
 if __name__ == "__main__":

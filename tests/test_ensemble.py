@@ -103,7 +103,7 @@ def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
 
     model, info = train(cdmpp_small["ds"], out=tmp_path / "ens.pt", members=2, epochs=2, batch_size=64,
                         max_cov=0.25)
-    assert isinstance(model, Ensemble) and info["members"] == 2 and len(info["epochs_run"]) == 2
+    assert isinstance(model, Ensemble) and info["members"] == 2 and info["epochs_run"] == [2, 2]
     assert [m.seed for m in model.members] == [0, 1] and info["val"]["n"] > 0
     assert len(json.loads((tmp_path / "ens.norm.json").read_text())["members"]) == 2
     r = predict_network("tiny-mlp", device="local", weights=tmp_path / "ens.pt")

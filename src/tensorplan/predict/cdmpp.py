@@ -1269,7 +1269,10 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     val = arr.subset(np.flatnonzero(val_m))
     model.domains_ = sorted(set(arr.device_name))  # saved with it: `predict` says when a device is not among them
     model.domain_features_ = {d: device_features(d, ds.devices).tolist() for d in model.domains_}
-    cores = [getattr(m, "base", m) for m in parts]   # a leaf-experts model: its all-leaves CDMPP
+    if leaf_experts:   # a leaf-experts model: its all-leaves CDMPP (`CDMPP.base` is the target's base kind)
+        cores = [m.base for m in parts]
+    else:
+        cores = parts
     epochs = [len(getattr(m, "history", [])) for m in cores]
     info = {"records": len(arr), "stability": f"{stability} <= {max_cov}", "devices": sorted(set(arr.device_name)),
             "model": type(parts[0]).__name__, "members": len(parts),
