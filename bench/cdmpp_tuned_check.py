@@ -13,7 +13,7 @@ programs' labels in training.
 within-task ranking term (`tensorplan train --rank 0.3`) against one trained without it.
 
 One JSON line per (network, host, N, label), appended when done, so a killed run resumes;
-`--summary` writes the table (JSON).
+`--summary` writes the summary JSON and prints the markdown table of docs/cdmpp.md.
 
     python bench/cdmpp_tuned_check.py --tuned 32          # about 15 min on a 2-core VM
     tensorplan train --max-time 300 --out base300.pt && tensorplan train --rank 0.3 --max-time 300 --out rank300.pt
@@ -95,11 +95,14 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
     if summary:
         s = summarize(out)
         out.with_suffix(".json").write_text(json.dumps(s, indent=1))
+        print("| network | in dataset | predictor | kernels (changed / slower) | default, measured ms | "
+              "picks, measured ms | speed-up | tuned total, predicted / measured |")
+        print("|---|---|---|---:|---:|---:|---:|---:|")
+        ms = (lambda x: f"{x:,.2f}" if x < 1000 else f"{x:,.0f}")
         for x in s["rows"]:
-            print(f"{x['network']:>22} {x['label']:>10} seen={x['seen_in_dataset']!s:5} N={x['tuned']}: default "
-                  f"{x['default_measured_ms']:8.2f} ms -> picks {x['tuned_measured_ms']:8.2f} ms measured "
-                  f"({x['measured_speedup']:.2f}x; {x['kernels_changed']} changed, {x['kernels_slower']} slower); "
-                  f"tuned predicted/measured {x['tuned_total_ratio']:.2f}")
+            print(f"| {x['network']} | {'yes' if x['seen_in_dataset'] else 'no'} | {x['label']} | {x['kernels']} "
+                  f"({x['kernels_changed']} / {x['kernels_slower']}) | {ms(x['default_measured_ms'])} | "
+                  f"{ms(x['tuned_measured_ms'])} | {x['measured_speedup']:.2f}× | {x['tuned_total_ratio']:.2f}× |")
         return
     run([m for m in models.split(",") if m], tuned, device, out, weights, label)
 

@@ -238,7 +238,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     # every program to predict, the tasks' default schedules first: (task index, module, sample index)
     progs: list[tuple[int, object, int | None]] = []
     how = []
-    with progress_bar("schedule + featurize", len(tasks), progress) as advance:
+    with progress_bar("sample schedules", len(tasks), progress) as advance:
         target = gpu_target(dom) if is_gpu else None
         # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
         # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
