@@ -19,6 +19,7 @@ One JSON line per (network, host, N, label), appended when done, so a killed run
     tensorplan train --max-time 300 --out base300.pt && tensorplan train --rank 0.3 --max-time 300 --out rank300.pt
     python bench/cdmpp_tuned_check.py --weights base300.pt --label base300 --models tiny-style,tiny-linear-attention,yolov4
     python bench/cdmpp_tuned_check.py --weights rank300.pt --label rank300 --models tiny-style,tiny-linear-attention,yolov4
+    python bench/cdmpp_tuned_check.py --oracle --models tiny-style,tiny-linear-attention   # every candidate timed
     python bench/cdmpp_tuned_check.py --summary
 """
 from __future__ import annotations
@@ -65,14 +66,84 @@ def run(networks: list[str], tuned: int, device: str, out: Path, weights: Path |
               f"{t.get('measured_ms', float('nan')):.2f} ms measured", flush=True)
 
 
+ORACLE = OUT.with_name("cdmpp_tuned_oracle.jsonl")
+
+
+def oracle(networks: list[str], tuned: int, threads: int, out: Path) -> None:
+    """Time every one of each kernel's first N schedules (the candidates `--tuned N` ranks), once per
+    (network, host, N), whatever the predictor: the measured-fastest candidate is the yardstick for
+    every predictor's picks (`summarize`: regret measured on this CPU, not on the dataset's labels)."""
+    import tvm
+
+    from tensorplan.devices.detect import cpu_info
+    from tensorplan.graph.load import resolve_model
+    from tensorplan.predict.dataset import init_pool, time_module
+    from tensorplan.predict.network import MEASURE_TIMER, static_onnx, task_schedules
+    from tensorplan.predict.tasks import network_tasks_and_gaps
+    from tensorplan.progress import progress_bar
+
+    host = cpu_info()["model"]
+    done = {(r["model"], r["host"], r["tuned"]) for r in _rows(out)}
+    init_pool(threads)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
+    for net in networks:
+        if (net, host, tuned) in done:
+            print(f"{net}: oracle done on {host}")
+            continue
+        path, name = resolve_model(net)
+        tasks, _ = network_tasks_and_gaps(static_onnx(path, name), name)
+        kernels = []
+        with progress_bar(f"{net}: time every candidate", len(tasks), True) as advance:
+            for t in tasks:
+                times = {}
+                for mod, i in task_schedules(t, None, tuned, 8 + 4 * tuned):   # as predict_network draws them
+                    r = time_module(mod, t, target, [threads], **MEASURE_TIMER)
+                    if not isinstance(r, str):
+                        times[str(i)] = 1e6 * r[threads].median_s
+                kernels.append({"key": t.key, "task": t.name, "calls": int(t.networks.get(name, 1)),
+                                "measured_us": times})
+                advance()
+        with out.open("a") as f:
+            f.write(json.dumps({"model": net, "host": host, "tuned": tuned, "threads": threads,
+                                "kernels": kernels}) + "\n")
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def _oracle_regret(r: dict, orc: dict) -> dict | None:
+    """The picks' and the default schedules' network time over the measured-fastest candidates',
+    all from the oracle's timings (one timing pass, so the three are comparable)."""
+    times = {k["key"]: k for k in orc["kernels"]}
+    tot = {"best": 0.0, "picks": 0.0, "default": 0.0}
+    hits = 0
+    for k in r["kernels"]:
+        o = times.get(k["key"])
+        ts = (o or {}).get("measured_us") or {}
+        pick, dflt = ts.get(str(k["tuned_sample"])), ts.get(str(k["sample"]))
+        if pick is None or dflt is None:
+            return None                      # a candidate failed to time: no fair network total
+        tot["best"] += k["calls"] * min(ts.values())
+        tot["picks"] += k["calls"] * pick
+        tot["default"] += k["calls"] * dflt
+        hits += pick == min(ts.values())
+    return {"picks_regret_pct": 100 * (tot["picks"] / tot["best"] - 1),
+            "default_regret_pct": 100 * (tot["default"] / tot["best"] - 1),
+            "picks_are_fastest": hits, "best_ms": tot["best"] / 1e3}
+
+
 def summarize(path: Path) -> dict:
     """Per (network, host, N): default and tuned totals, measured and predicted, over the kernels timed
     both ways; the picks' measured speed-up and how many kernels they made slower."""
     rows = []
-    for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
+    oracles = {(o["model"], o["host"], o["tuned"]): o for o in _rows(path.with_name(ORACLE.name))}
+    for r in _rows(path):
         m, t = r["measured"], r["measured"].get("tuned")
         if not t:
             continue
+        orc = oracles.get((r["model"], r["host"], r["tuned"]))
+        extra = (_oracle_regret(r, orc) or {}) if orc else {}
         rows.append({"network": r["model"], "host": r["host"], "tuned": r["tuned"], "label": r.get("label", "shipped"),
                      "seen_in_dataset": r["seen_in_dataset"], "kernels": r["n_kernels"],
                      "kernels_timed_both": t["kernels"], "kernels_changed": t["changed"],
@@ -80,7 +151,7 @@ def summarize(path: Path) -> dict:
                      "default_measured_ms": t["default_measured_ms"], "default_predicted_ms": m["predicted_ms"],
                      "tuned_measured_ms": t["measured_ms"], "tuned_predicted_ms": t["predicted_ms"],
                      "measured_speedup": t["measured_speedup"], "tuned_total_ratio": t["total_ratio"],
-                     "default_total_ratio": m["total_ratio"]})
+                     "default_total_ratio": m["total_ratio"], **extra})
     return {"rows": rows}
 
 
@@ -90,19 +161,32 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
          out: Path = typer.Option(OUT, help="JSONL, one line per (network, host, N, label); resumable."),
          weights: Path = typer.Option(None, "--weights", help="Predictor file (default: the shipped model)."),
          label: str = typer.Option("shipped", "--label", help="Name of the predictor in the JSONL (with --weights)."),
-         summary: bool = typer.Option(False, "--summary", help="Write the summary JSON from the JSONL.")) -> None:
+         summary: bool = typer.Option(False, "--summary", help="Write the summary JSON from the JSONL."),
+         with_oracle: bool = typer.Option(False, "--oracle", help="Instead: time every candidate of every kernel "
+                                          "(cdmpp_tuned_oracle.jsonl next to --out), the yardstick for the "
+                                          "picks' regret in --summary.")) -> None:
     """The model's picks among each kernel's first N schedules, timed against the default schedules."""
+    if with_oracle:
+        from tensorplan.predict.network import local_threads
+        from tensorplan.predict.cdmpp import resolve_domain
+        oracle([m for m in models.split(",") if m], tuned, local_threads(resolve_domain(device)),
+               out.with_name(ORACLE.name))
+        return
     if summary:
         s = summarize(out)
         out.with_suffix(".json").write_text(json.dumps(s, indent=1))
         print("| network | in dataset | predictor | kernels (changed / slower) | default, measured ms | "
-              "picks, measured ms | speed-up | tuned total, predicted / measured |")
-        print("|---|---|---|---:|---:|---:|---:|---:|")
+              "picks, measured ms | speed-up | tuned total, predicted / measured | picks' regret % (default's) | "
+              "picks measured-fastest |")
+        print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         ms = (lambda x: f"{x:,.2f}" if x < 1000 else f"{x:,.0f}")
         for x in s["rows"]:
+            orc = ((f"{x['picks_regret_pct']:.0f} ({x['default_regret_pct']:.0f})", f"{x['picks_are_fastest']}")
+                   if "picks_regret_pct" in x else ("—", "—"))
             print(f"| {x['network']} | {'yes' if x['seen_in_dataset'] else 'no'} | {x['label']} | {x['kernels']} "
                   f"({x['kernels_changed']} / {x['kernels_slower']}) | {ms(x['default_measured_ms'])} | "
-                  f"{ms(x['tuned_measured_ms'])} | {x['measured_speedup']:.2f}× | {x['tuned_total_ratio']:.2f}× |")
+                  f"{ms(x['tuned_measured_ms'])} | {x['measured_speedup']:.2f}× | {x['tuned_total_ratio']:.2f}× | "
+                  f"{orc[0]} | {orc[1]} |")
         return
     run([m for m in models.split(",") if m], tuned, device, out, weights, label)
 
