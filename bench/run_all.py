@@ -60,6 +60,17 @@ STEPS: list[tuple[str, list[str], float]] = [
       for tag, args in (("device", ["--devices", "local-1t,local-2t"]),
                         ("zen4", ["--source", "local-1t", "--target", "zen4-1t"]))),
     ("cdmpp-by-network-summary", [PY, "bench/cdmpp_by_network.py", "--summary"], 0.1),
+    # whole-network picks (docs/cdmpp.md, "Whole-network latency", "Ranking schedules within a task")
+    ("cdmpp-by-network-picks", [PY, "bench/cdmpp_by_network.py", "--models",
+                                "xgboost,xgboost-hier,cdmpp-nocmd-parts,cdmpp-nocmd-parts-rank",
+                                "--out", "bench/results/cdmpp_by_network_picks.jsonl"], 135),
+    ("cdmpp-by-network-picks-summary", [PY, "bench/cdmpp_by_network.py", "--summary",
+                                        "--out", "bench/results/cdmpp_by_network_picks.jsonl"], 0.1),
+    # `predict --tuned 32`: the shipped model's picks timed, and every candidate timed (the oracle)
+    ("cdmpp-tuned-check", [PY, "bench/cdmpp_tuned_check.py", "--tuned", "32"], 15),
+    ("cdmpp-tuned-oracle", [PY, "bench/cdmpp_tuned_check.py", "--oracle", "--models",
+                            "tiny-style,tiny-linear-attention,tiny-cnn,mobilenet-v2,efficientvit-b1"], 13),
+    ("cdmpp-tuned-summary", [PY, "bench/cdmpp_tuned_check.py", "--summary"], 0.1),
     ("cdmpp-predict-check", [PY, "bench/cdmpp_predict_check.py", "--calibrate"], 25),
     ("cdmpp-predict-check-summary", [PY, "bench/cdmpp_predict_check.py", "--summary"], 0.1),
     ("cdmpp-gpu-predict-check", [PY, "bench/cdmpp_gpu_predict_check.py", "--holdout"], 25),
