@@ -33,11 +33,12 @@ OUT = Path("bench/results/cdmpp_tuned_check.jsonl")
 NETWORKS = ["tiny-style", "tiny-linear-attention", "yolov4", "tiny-cnn", "mobilenet-v2", "efficientvit-b1"]
 
 
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
 def _done(path: Path) -> set:
-    if not path.exists():
-        return set()
-    return {(r["model"], r["host"], r["tuned"], r.get("label", "shipped"))
-            for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+    return {(r["model"], r["host"], r["tuned"], r.get("label", "shipped")) for r in _rows(path)}
 
 
 def run(networks: list[str], tuned: int, device: str, out: Path, weights: Path | None = None,
@@ -106,10 +107,6 @@ def oracle(networks: list[str], tuned: int, threads: int, out: Path) -> None:
         with out.open("a") as f:
             f.write(json.dumps({"model": net, "host": host, "tuned": tuned, "threads": threads,
                                 "kernels": kernels}) + "\n")
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def _oracle_regret(r: dict, orc: dict) -> dict | None:

@@ -109,8 +109,8 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
             "cdmpp-parts": lambda: CDMPP(epochs=400, max_time_s=240 * t, parts_input=True, seed=seed),
             "cdmpp-nocmd-parts": lambda: CDMPP(epochs=400, max_time_s=240 * t, cmd_alpha=0.0, parts_input=True,
                                                seed=seed),
-            # + the within-task ranking term (`CDMPP._rank_loss`): a better guide for a tuner, a worse
-            # MAPE (`python bench/cdmpp_sweep.py --summary bench/results/cdmpp_rank.jsonl`)
+            # + the within-task ranking term (`CDMPP._rank_loss`): schedules ranked better within a kernel;
+            # MAPE worse on the three-network split, not leaving each network out (docs/cdmpp.md)
             "cdmpp-nocmd-parts-rank": lambda: CDMPP(epochs=400, max_time_s=240 * t, cmd_alpha=0.0,
                                                     parts_input=True, w_rank=0.3, seed=seed),
             "xgboost": lambda: TenSetXGB(seed=seed),
