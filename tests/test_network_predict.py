@@ -49,7 +49,7 @@ def test_tuned_prediction_ranks_each_kernels_schedules_and_times_the_picks(tmp_p
     the picks are compiled and timed here next to the default schedules."""
     env = {**os.environ, "TENSORPLAN_CACHE": str(tmp_path / "cache")}
     r = _cli("predict", "tiny-cnn", "--device", "local-1t", "--shipped", "--tuned", "6", "--measure", "--json",
-             env=env)
+             "--save-schedules", str(tmp_path / "sched"), env=env)
     ks = r["kernels"]
     assert r["tuned"] == 6 and all(1 <= k["candidates"] <= 6 for k in ks)
     assert any(k["candidates"] > 1 for k in ks)
@@ -63,6 +63,14 @@ def test_tuned_prediction_ranks_each_kernels_schedules_and_times_the_picks(tmp_p
         if k["tuned_sample"] == k["sample"]:
             assert k["tuned_measured_us"] == k["measured_us"]
     assert t["changed"] == sum(k["tuned_sample"] != k["sample"] for k in ks)
+    # the picks saved as TVMScript: each parses and compiles, and the index names the picked sample
+    import tvm
+    index = json.loads((tmp_path / "sched" / "schedules.json").read_text())
+    assert [e["kernel"] for e in index["kernels"]] == [k["task"] for k in ks]
+    assert [e["sample"] for e in index["kernels"]] == [k["tuned_sample"] for k in ks]
+    for e in index["kernels"][:2]:
+        mod = tvm.script.from_source((tmp_path / "sched" / e["file"]).read_text())
+        tvm.compile(mod, target="llvm")
     with pytest.raises(TensorplanError, match="tuned"):
         predict_network("tiny-mlp", tuned=-1)
 

@@ -136,6 +136,9 @@ def register(app: typer.Typer) -> None:
         tuned: int = typer.Option(0, "--tuned", help="Also rank each kernel's first N design-space schedules with "
                                   "the model and report the network with the predicted-fastest ones (with --measure: "
                                   "timed too, so you see what the picks are worth)."),
+        save_schedules: Optional[Path] = typer.Option(None, "--save-schedules", help="Write each kernel's "
+                                                      "scheduled program (the --tuned pick, else the default) as "
+                                                      "TVMScript into this directory, with an index."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Predict per-kernel and whole-model latency of a network with CDMPP (--measure: and check it)."""
@@ -144,7 +147,8 @@ def register(app: typer.Typer) -> None:
 
         r = predict_network(model, device=device, weights=weights, log=None if json_out else _log,
                             measure=measure, progress=not json_out, calibrated=not shipped,
-                            input_shapes=parse_input_shapes(input_shape) or None, tuned=tuned)
+                            input_shapes=parse_input_shapes(input_shape) or None, tuned=tuned,
+                            save_schedules=save_schedules)
         if json_out:
             print(_dump(r))
             return
@@ -194,6 +198,8 @@ def register(app: typer.Typer) -> None:
                                 f"{mt['measured_ms']:.3f} ms measured ({mt['total_ratio']:.2f}×); "
                                 f"{mt['measured_speedup']:.2f}× faster than the default schedules measured "
                                 f"({mt['default_measured_ms']:.3f} ms); {mt['kernels_slower']} kernels got slower")
+        if save_schedules is not None:
+            _log(f"schedules: {save_schedules}/ (TVMScript per kernel, index in schedules.json)")
         if m and m.get("kernels_failed"):
             _log(f"not measured: {', '.join(m['kernels_failed'])}")
         if r.get("warning"):

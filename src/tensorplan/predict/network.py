@@ -137,6 +137,23 @@ def measured_summary(kernels: list[dict]) -> dict:
     return out
 
 
+def _save_schedules(out: Path, network: str, kernels: list[dict], mods: list) -> None:
+    """Write each kernel's scheduled program as TVMScript (DIR/<kernel>.py) and an index
+    (DIR/schedules.json: kernel, task key, calls, sample index, predicted µs, file)."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = []
+    for k, mod in zip(kernels, mods):
+        f = out / f"{k['task']}.py"
+        f.write_text(mod.script())
+        pick = "tuned_sample" in k
+        index.append({"kernel": k["task"], "key": k["key"], "calls": k["calls"], "file": f.name,
+                      "sample": k["tuned_sample"] if pick else k["sample"],
+                      "predicted_us": k["tuned_us"] if pick else k["predicted_us"]})
+    (out / "schedules.json").write_text(json.dumps({"network": network, "kernels": index}, indent=1))
+
+
 def static_onnx(path: Path, name: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
     """`path` itself when its inputs have static shapes and none are given; otherwise the model
     imported with `input_shapes` (a symbolic dimension left open is one clear error naming it) and
@@ -163,7 +180,8 @@ def static_onnx(path: Path, name: str, input_shapes: dict[str, tuple[int, ...]] 
 def predict_network(model: str, device: str = "local", weights: str | Path | None = None,
                     log: Callable[[str], None] | None = None, measure: bool = False,
                     progress: bool = False, calibrated: bool = True,
-                    input_shapes: dict[str, tuple[int, ...]] | None = None, tuned: int = 0) -> dict:
+                    input_shapes: dict[str, tuple[int, ...]] | None = None, tuned: int = 0,
+                    save_schedules: str | Path | None = None) -> dict:
     """MODEL (ONNX path or zoo name) -> fused tasks -> default schedule -> features -> latency.
 
     `measure`: also compile and time each kernel's program here (`local` domains only) and report
@@ -175,7 +193,11 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     gets its first N valid design-space samples (the default schedule among them), all predicted;
     the one predicted fastest is its "tuned" schedule, and "tuned_total_ms" the network with those.
     With `measure`, the tuned picks are timed too, so the measured speed-up over the default
-    schedules shows what the model's picks are worth (`measured_summary`, key "tuned")."""
+    schedules shows what the model's picks are worth (`measured_summary`, key "tuned").
+
+    `save_schedules` = DIR: each kernel's scheduled program (the pick under `tuned`, else the
+    default) as TVMScript, DIR/<kernel>.py, plus DIR/schedules.json listing them; a user compiles
+    one with `tvm.compile(tvm.script.from_source(text))`."""
     import tvm
 
     from ..devices.spec import feature_differences
@@ -278,6 +300,9 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
                                 "tuned_us": 1e6 * float(pred[b]), "tuned_total_us": 1e6 * float(pred[b]) * c})
             tuned_mods.append(progs[b][1] if b != r else None)
     total = sum(k["total_us"] for k in kernels)
+    if save_schedules is not None:
+        _save_schedules(Path(save_schedules), name, kernels,
+                        [tm if tm is not None else m for tm, m in zip(tuned_mods or [None] * len(mods), mods)])
     unscheduled = [k["task"] for k in kernels if k["schedule"] == "unscheduled"]
     if unscheduled and is_gpu and log:   # a loop nest without thread binding is no CUDA program at all
         log(f"warning: no valid CUDA schedule in {GPU_SAMPLE_TRIES} draws for {', '.join(unscheduled[:5])}"
