@@ -17,6 +17,7 @@ from, this is a zero-shot test of a new device: the device vector describes this
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -140,8 +141,6 @@ def measured_summary(kernels: list[dict]) -> dict:
 def _save_schedules(out: Path, network: str, kernels: list[dict], mods: list) -> None:
     """Write each kernel's scheduled program as TVMScript (DIR/<kernel>.py) and an index
     (DIR/schedules.json: kernel, task key, calls, sample index, predicted µs, file)."""
-    import json
-
     out.mkdir(parents=True, exist_ok=True)
     index = []
     for k, mod in zip(kernels, mods):
