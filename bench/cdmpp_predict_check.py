@@ -15,8 +15,9 @@ dataset (yolov4, tiny-style, tiny-linear-attention) are the unseen ones.
 checked networks' tasks excluded, so the calibration never timed a checked kernel's task, and
 predicts every kernel with both models against the same measurement.
 
-One JSON line per (network, host CPU) in the JSONL, appended when done, so a killed run resumes;
-`--summary` writes the table (JSON) and a scatter (PNG).
+One JSON line per (network, host CPU) in the JSONL, appended when done, so a killed run resumes
+and a second CPU adds its own lines; `--summary` writes the table (JSON, pooled per host) and a
+scatter (PNG, one row of panels per host).
 
     python bench/cdmpp_predict_check.py --calibrate     # about 15 min on a 2-core VM
     python bench/cdmpp_predict_check.py --summary
@@ -104,7 +105,7 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> float:
 
 def summarize(path: Path) -> dict:
     """Per (network, host): the measured total, and for each predictor its per-kernel errors and
-    whole-network ratio; the split of the shipped model's error into its fit on the collection CPU
+    whole-network ratio, pooled over each host's kernels; the split of the shipped model's error into its fit on the collection CPU
     (prediction / that CPU's label) and the device shift (this CPU / the collection CPU)."""
     rows, pooled = [], {}
     for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
@@ -123,52 +124,58 @@ def summarize(path: Path) -> dict:
                "here_over_collection_cpu": _ratio(meas[lab_m], lab[lab_m]), "kernels_with_label": int(lab_m.sum())}
         for name, p in preds.items():
             row[name] = _errors(p, meas, calls)
-            q = pooled.setdefault(name, {"pred": [], "meas": []})
+            q = pooled.setdefault(r["host"], {}).setdefault(name, {"pred": [], "meas": []})
             q["pred"] += list(p)
             q["meas"] += list(meas)
         rows.append(row)
     from tensorplan.predict.cdmpp import regression_metrics
-    pool = {n: {**regression_metrics(np.array(v["pred"]), np.array(v["meas"])),
-                "median_ratio": _ratio(np.array(v["pred"]), np.array(v["meas"])),
-                "median_network_ratio": float(np.median([x[n]["total_ratio"] for x in rows if n in x]))}
-            for n, v in pooled.items()}
+    pool = {h: {n: {**regression_metrics(np.array(v["pred"]), np.array(v["meas"])),
+                    "median_ratio": _ratio(np.array(v["pred"]), np.array(v["meas"])),
+                    "median_network_ratio": float(np.median([x[n]["total_ratio"] for x in rows
+                                                             if n in x and x["host"] == h]))}
+                for n, v in by_name.items()}
+            for h, by_name in pooled.items()}
     return {"rows": rows, "pooled_kernels": pool}
 
 
 def plot(path: Path, png: Path) -> None:
-    """Left: every kernel's prediction (shipped, calibrated here) vs its time here. Right: the same
-    programs here vs on the collection CPU (the device shift)."""
+    """One row per host. Left: every kernel's prediction (shipped, calibrated here) vs its time
+    there. Right: the same programs there vs on the collection CPU (the device shift)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(11, 5))
-    pts: dict[str, tuple[list, list]] = {}
-    for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
-        ks = [k for k in r["kernels"] if k.get("measured_us")]
-        for name, key in (("shipped", "predicted_us"), ("calibrated here", "calibrated_us")):
-            if all(key in k for k in ks):
-                xs, ys = pts.setdefault(name, ([], []))
-                xs += [k["measured_us"] for k in ks]
-                ys += [k[key] for k in ks]
-        kl = [k for k in ks if k.get("dataset_us")]
-        ax[1].scatter([k["dataset_us"] for k in kl], [k["measured_us"] for k in kl], s=14, alpha=0.7, label=r["model"])
-    for name, (xs, ys) in pts.items():
-        ax[0].scatter(xs, ys, s=12, alpha=0.6, label=name)
-    for a, (x, y) in zip(ax, [("measured here, µs", "predicted, µs"),
-                              ("collection CPU (dataset label), µs", "measured here, µs")]):
-        a.set_xscale("log")
-        a.set_yscale("log")
-        lo, hi = a.get_xlim()
-        a.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        a.set_xlabel(x)
-        a.set_ylabel(y)
-    ax[0].set_title("every kernel: prediction vs this CPU")
-    ax[1].set_title("the same programs: this CPU vs the collection CPU")
-    ax[0].legend(fontsize=8, loc="upper left")
-    ax[1].legend(fontsize=7, loc="upper left")
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    hosts = list(dict.fromkeys(r["host"] for r in lines))
+    fig, axes = plt.subplots(len(hosts), 2, figsize=(11, 5 * len(hosts)), squeeze=False)
+    for ax, host in zip(axes, hosts):
+        pts: dict[str, tuple[list, list]] = {}
+        for r in (r for r in lines if r["host"] == host):
+            ks = [k for k in r["kernels"] if k.get("measured_us")]
+            for name, key in (("shipped", "predicted_us"), ("calibrated here", "calibrated_us")):
+                if all(key in k for k in ks):
+                    xs, ys = pts.setdefault(name, ([], []))
+                    xs += [k["measured_us"] for k in ks]
+                    ys += [k[key] for k in ks]
+            kl = [k for k in ks if k.get("dataset_us")]
+            ax[1].scatter([k["dataset_us"] for k in kl], [k["measured_us"] for k in kl], s=14, alpha=0.7,
+                          label=r["model"])
+        for name, (xs, ys) in pts.items():
+            ax[0].scatter(xs, ys, s=12, alpha=0.6, label=name)
+        for a, (x, y) in zip(ax, [("measured on this host, µs", "predicted, µs"),
+                                  ("collection CPU (dataset label), µs", "measured on this host, µs")]):
+            a.set_xscale("log")
+            a.set_yscale("log")
+            lo, hi = a.get_xlim()
+            a.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+            a.set_xlabel(x)
+            a.set_ylabel(y)
+        ax[0].set_title(f"{host}: prediction vs measured", fontsize=10)
+        ax[1].set_title(f"{host}: vs the collection CPU", fontsize=10)
+        ax[0].legend(fontsize=8, loc="upper left")
+        ax[1].legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=100)
 
 
 def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zoo names or ONNX paths."),
@@ -184,7 +191,8 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
         plot(out, out.with_suffix(".png"))
         print(json.dumps(s["pooled_kernels"], indent=1))
         for x in s["rows"]:
-            line = f"{x['network']:>22} seen={x['seen_in_dataset']!s:5} measured {x['measured_ms']:9.2f} ms"
+            line = (f"{x['host'][:32]:>32} {x['network']:>22} seen={x['seen_in_dataset']!s:5} "
+                    f"measured {x['measured_ms']:9.2f} ms")
             for n in ("shipped", "calibrated-here"):
                 if n in x:
                     e = x[n]
@@ -205,7 +213,7 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
             # MAD <= 1 %: the dataset's own filter (the published run kept 42 of 160 programs with it)
             info = calibrate_here(local_threads(resolve_domain(device)), exclude_networks=nets, out=weights,
                                   max_mad=0.01, log=print)
-            out.with_name(out.stem + "_calibration.json").write_text(json.dumps(info, indent=1))
+            out.with_name(f"{out.stem}_calibration_{host_id()}.json").write_text(json.dumps(info, indent=1))
     run(nets, out, weights, device=device)
 
 

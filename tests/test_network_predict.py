@@ -215,6 +215,33 @@ def test_gpu_predictions_are_checked_against_the_h100_timings_of_the_same_progra
     assert all(k["measured_us"] == timed[(k["key"], k["sample"])]["us"] for k in res["kernels"])
 
 
+def test_cpu_checks_from_several_hosts_are_pooled_per_host(tmp_path):
+    """bench/cdmpp_predict_check.py --summary on the committed runs (a Zen 3 and a Zen 4 VM): each
+    host's kernels are pooled on their own, so one CPU's errors never dilute another's."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    from tensorplan.predict.cdmpp import regression_metrics
+    path = Path(__file__).resolve().parents[1] / "bench" / "cdmpp_predict_check.py"
+    spec = importlib.util.spec_from_file_location("cdmpp_predict_check", path)
+    pc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pc)
+    jsonl = path.parent / "results" / "cdmpp_predict_check.jsonl"
+    s = pc.summarize(jsonl)
+    lines = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
+    hosts = {r["host"] for r in lines}
+    assert len(hosts) >= 2 and set(s["pooled_kernels"]) == hosts
+    for host in hosts:
+        ks = [k for r in lines if r["host"] == host for k in r["kernels"] if k.get("measured_us")]
+        want = regression_metrics(np.array([k["predicted_us"] for k in ks]), np.array([k["measured_us"] for k in ks]))
+        got = s["pooled_kernels"][host]["shipped"]
+        assert got["n"] == len(ks) and got["mape_pct"] == pytest.approx(want["mape_pct"])
+    pc.plot(jsonl, tmp_path / "check.png")
+    assert (tmp_path / "check.png").stat().st_size > 10_000
+
+
 def test_a_corrupt_model_file_is_one_clear_error(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a protobuf at all")
