@@ -152,6 +152,21 @@ def summarize(path: Path) -> dict:
     return {"rows": rows}
 
 
+def _print_table(rows: list[dict], ms) -> None:
+    """The docs table of one host's rows."""
+    print("| network | in dataset | predictor | kernels (changed / slower) | default, measured ms | "
+          "picks, measured ms | speed-up | tuned total, predicted / measured | picks' regret % (default's) | "
+          "picks measured-fastest |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for x in rows:
+        orc = ((f"{x['picks_regret_pct']:.0f} ({x['default_regret_pct']:.0f})", f"{x['picks_are_fastest']}")
+               if "picks_regret_pct" in x else ("—", "—"))
+        print(f"| {x['network']} | {'yes' if x['seen_in_dataset'] else 'no'} | {x['label']} | {x['kernels']} "
+              f"({x['kernels_changed']} / {x['kernels_slower']}) | {ms(x['default_measured_ms'])} | "
+              f"{ms(x['tuned_measured_ms'])} | {x['measured_speedup']:.2f}× | {x['tuned_total_ratio']:.2f}× | "
+              f"{orc[0]} | {orc[1]} |")
+
+
 def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zoo names or ONNX paths."),
          tuned: int = typer.Option(32, "--tuned", help="Schedules compared per kernel."),
          device: str = typer.Option("local-1t", help="'local' or 'local-<N>t'."),
@@ -172,18 +187,10 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
     if summary:
         s = summarize(out)
         out.with_suffix(".json").write_text(json.dumps(s, indent=1))
-        print("| network | in dataset | predictor | kernels (changed / slower) | default, measured ms | "
-              "picks, measured ms | speed-up | tuned total, predicted / measured | picks' regret % (default's) | "
-              "picks measured-fastest |")
-        print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         ms = (lambda x: f"{x:,.2f}" if x < 1000 else f"{x:,.0f}")
-        for x in s["rows"]:
-            orc = ((f"{x['picks_regret_pct']:.0f} ({x['default_regret_pct']:.0f})", f"{x['picks_are_fastest']}")
-                   if "picks_regret_pct" in x else ("—", "—"))
-            print(f"| {x['network']} | {'yes' if x['seen_in_dataset'] else 'no'} | {x['label']} | {x['kernels']} "
-                  f"({x['kernels_changed']} / {x['kernels_slower']}) | {ms(x['default_measured_ms'])} | "
-                  f"{ms(x['tuned_measured_ms'])} | {x['measured_speedup']:.2f}× | {x['tuned_total_ratio']:.2f}× | "
-                  f"{orc[0]} | {orc[1]} |")
+        for host in dict.fromkeys(x["host"] for x in s["rows"]):     # one table per host CPU
+            print(f"\n{host}:\n")
+            _print_table([x for x in s["rows"] if x["host"] == host], ms)
         return
     run([m for m in models.split(",") if m], tuned, device, out, weights, label)
 

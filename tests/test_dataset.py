@@ -116,6 +116,26 @@ def test_collect_export_load_roundtrip(tmp_path):
     assert first[("tiny-mlp", "local-1t")] == pytest.approx(exp) and exp >= nl[("tiny-mlp", "local-1t")]
 
 
+def test_collect_on_another_cpu_names_its_own_domains(tmp_path):
+    """`dataset collect --prefix zen4`: records of another CPU than the dataset's become domains
+    zen4-<N>t with this machine's spec, under their own resumable job; 'local' is refused."""
+    from tensorplan.errors import TensorplanError
+    from tensorplan.measure.store import Store
+    store = tmp_path / "s.sqlite"
+    code = ("import json; from tensorplan.predict import dataset as D; "
+            f"st = D.collect(['tiny-mlp'], programs_per_task=1, threads=(1,), store={str(store)!r}, batch=1, "
+            "prefix='testcpu', progress=False, log=lambda s: None); print(json.dumps(st.to_dict()))")
+    st = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                   timeout=600).stdout.strip().splitlines()[-1])
+    assert st["programs"] >= 2 and st["records"] == st["programs"]
+    ms = list(Store(store).measurements(kind=D.PROGRAM_KIND))
+    assert {m["device"] for m in ms} == {"testcpu-1t"} and len(ms) == st["records"]
+    specs = D.local_specs([1, 2], "testcpu")
+    assert [s.name for s in specs.values()] == ["testcpu-1t", "testcpu-2t"] and specs[2].threads == 2
+    with pytest.raises(TensorplanError, match="collect: prefix 'local'"):
+        D.local_specs([1], "local")
+
+
 def test_two_thread_domain_really_uses_two_threads(tmp_path):
     """local-2t must run parallel loops on 2 workers (regression: a pool configured down to 1 thread
     before first use ran '2-thread' kernels on one worker). Fresh process; each iteration of a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import numpy as np
 import onnx
@@ -146,6 +147,22 @@ def test_dataset_networks_match_published_sizes(name):
 @pytest.mark.parametrize("name", ["candy", "mobilenet-v2", "yolox-nano"])
 def test_flops_match_baseline_table(name):
     assert _linear_flops(_exported(name, 17)) / 1e9 == pytest.approx(BASELINE[name][1], rel=0.015)
+
+
+def test_datamove_grid_adds_kernels_no_zoo_network_has():
+    """The synthetic coverage model fuses into one kernel per (shape, pattern), none of which is a
+    kernel of the committed dataset's networks: adding its records never turns a held-out
+    network's task into a seen one."""
+    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.predict.tasks import network_tasks
+    tasks = network_tasks(zoo.export("datamove-grid"), "datamove-grid")
+    kinds = {re.sub(r"\d+", "", t.name) for t in tasks}
+    assert len(tasks) == 16 * 9 and {"pad", "concatenate", "fused_strided_slice_relu"} <= kinds
+    try:
+        ds = load_dataset()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"committed dataset not available: {e}")
+    assert not {t.key for t in tasks} & set(ds.tasks["task_key"])
 
 
 def test_registry_and_errors():

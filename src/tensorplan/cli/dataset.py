@@ -25,6 +25,8 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
             budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
             batch: int = typer.Option(4, "--batch", help="Programs per task per round-robin visit."),
             max_kernel_ms: float = typer.Option(100.0, "--max-kernel-ms", help="Skip programs slower than this per call."),
+            prefix: Optional[str] = typer.Option(None, "--prefix", help="Name this machine's domains <prefix>-<N>t "
+                                                 "(e.g. zen4) instead of local-<N>t: another CPU than the dataset's."),
             json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
             no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Sample schedules of every fused kernel, compile once, time at each thread count; resumable."""
@@ -38,7 +40,7 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
     nets = [n.strip() for n in networks.split(",")] if networks else None
     st = _collect(nets, programs_per_task=programs_per_task, threads=ths, store=store,
                   budget_minutes=budget_minutes, batch=batch, max_kernel_s=max_kernel_ms / 1e3,
-                  progress=not no_progress)
+                  progress=not no_progress, prefix=prefix)
     d = st.to_dict()
     if json_out:
         print(json.dumps(d, indent=1))

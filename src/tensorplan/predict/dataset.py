@@ -316,22 +316,36 @@ def get_tasks(store, networks: Sequence[str], log: Callable[[str], None] = print
     return sorted(merged.values(), key=lambda t: t.key)
 
 
+def local_specs(threads: Sequence[int], prefix: str | None = None, what: str = "collect") -> dict:
+    """This machine's DeviceSpec per thread count, named `local-<N>t`, or `<prefix>-<N>t` when this
+    machine is another CPU than the dataset's own (its records then form their own domains)."""
+    import dataclasses
+    from ..devices import resolve
+    if prefix is None:
+        return {t: resolve(f"local-{t}t") for t in threads}
+    if not prefix or not prefix.replace("-", "").isalnum() or prefix.startswith("local"):
+        raise TensorplanError(f"{what}: prefix {prefix!r} must be a short name such as 'zen4' "
+                              "(letters, digits, '-'; not 'local', which names the dataset's own domains)")
+    return {t: dataclasses.replace(resolve(f"local-{t}t"), name=f"{prefix}-{t}t") for t in threads}
+
+
 def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 64,
             threads: Sequence[int] = (1, 2), store: Any = None, budget_minutes: float | None = None,
             batch: int = 4, min_repeat_s: float = 2e-5, repeats: int = 15, max_kernel_s: float = 0.1,
-            max_task_flops: float | None = None, progress: bool = True,
+            max_task_flops: float | None = None, progress: bool = True, prefix: str | None = None,
             log: Callable[[str], None] | None = None) -> CollectStats:
     """Sample, compile and time programs for every task of `networks`; resumable.
 
     Round-robin over tasks, `batch` programs per task per visit, so stopping early (budget or
     kill) still leaves every task covered.  Returns counts and the measured record rate.
+    `prefix` names the records' domains `<prefix>-<N>t` instead of `local-<N>t` (`local_specs`).
     """
     threads = sorted({int(t) for t in threads})
     # TVM sizes its runtime pool from TVM_NUM_THREADS (default here: 1) when first used; create it
     # with the largest thread count by running a parallel kernel before anything configures it.
     init_pool(max(threads))
+    specs = local_specs(threads, prefix)
     import tvm
-    from ..devices import resolve
     from ..measure.store import Store
     from .tasks import DEFAULT_NETWORKS
 
@@ -340,13 +354,12 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     st = store if isinstance(store, Store) else Store(store)
     t_start = time.time()
     deadline = t_start + budget_minutes * 60 if budget_minutes else None
-    specs = {t: resolve(f"local-{t}t") for t in threads}
     dev_keys = {t: st.put_device(s) for t, s in specs.items()}
     tasks = get_tasks(st, networks, log)
     if max_task_flops:
         tasks = [t for t in tasks if t.flops <= max_task_flops]
     target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
-    job = st.job(JOB)
+    job = st.job(JOB if prefix is None else f"{JOB}-{prefix}")
     done = job.done_keys()
     stats = CollectStats()
     states: dict[str, _TaskState | None] = {}
@@ -609,14 +622,10 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     adds them to the dataset. Measurements go into `store` with the program marked done in the
     same transaction: a killed run resumes where it stopped.
     """
-    import dataclasses
     threads = sorted({int(t) for t in threads})
-    if not prefix or not prefix.replace("-", "").isalnum() or prefix.startswith("local"):
-        raise TensorplanError(f"measure-device: prefix {prefix!r} must be a short name such as 'zen4' "
-                              "(letters, digits, '-'; not 'local', which names the dataset's own domains)")
+    specs = local_specs(threads, prefix, "measure-device")
     import tempfile
     import tvm
-    from ..devices import resolve
     from ..measure.store import Store
     from .tasks import task_from_script
     import pyarrow.parquet as pq
@@ -634,7 +643,6 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
         tmp = tempfile.TemporaryDirectory(prefix="tensorplan-prebuild-")
         pre = Prebuilder(todo, tasks, target, tmp.name, workers)
     init_pool(max(threads))
-    specs = {t: dataclasses.replace(resolve(f"local-{t}t"), name=f"{prefix}-{t}t") for t in threads}
     dev_keys = {t: st.put_device(sp) for t, sp in specs.items()}
     stats = CollectStats(skipped_done=len(done))
     t_start = last = time.time()

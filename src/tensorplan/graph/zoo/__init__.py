@@ -24,7 +24,7 @@ from ...paths import atomic_write, cache_dir
 from ._registry import ZOO_VERSION, ZooEntry
 
 # Importing the model modules fills the registry.
-from . import tiny, cnn, mobile, detection, style, transformer, hf_vision, efficientvit  # noqa: F401,E402
+from . import tiny, cnn, mobile, detection, style, transformer, hf_vision, efficientvit, synthetic  # noqa: F401,E402
 from ._registry import _REGISTRY  # noqa: E402
 
 MIN_OPSET, MAX_OPSET = 11, 21
