@@ -1,9 +1,9 @@
 """Does data-movement coverage help on unseen networks? The synthetic `datamove-grid` on one CPU.
 
-Why: on held-out networks the predictors' largest errors are data-movement kernels (one
-EfficientViT concat + reshape + transpose alone is predicted 4x too slow and carries 13 % of
-`xgboost-hier`'s summed APE on the harness split; docs/cdmpp.md, *Data-movement coverage*). The zoo
-networks hold few such kernels, at few sizes. `datamove-grid` (graph/zoo/synthetic.py) is 144 of
+Why: on held-out networks the predictors' largest errors are data-movement kernels (on the
+harness split they are 12 % of `xgboost-hier`'s test records and 37 % of its summed APE, the worst
+being small strided slices predicted 4-13x too slow; `--breakdown`, docs/cdmpp.md, *Data-movement
+coverage*). The zoo networks hold few such kernels, at few sizes. `datamove-grid` (graph/zoo/synthetic.py) is 144 of
 them: nine layout patterns on sixteen shapes, none of them a kernel of the dataset's networks.
 
 The grid's records must come from the CPU the test records come from, so this runs on a domain
@@ -19,7 +19,8 @@ Each model and seed is trained twice on the held-out-network split of those doma
 three networks by default), once without and once with the grid's records, and scored on the same
 test records: overall, on the test's data-movement kernels (tasks whose name holds no conv2d, matmul,
 dense, softmax, norm, mean or pool) and on the rest. One JSON line per (model, seed, with/without);
-`--summary` prints medians over seeds.
+`--summary` prints medians over seeds. `--breakdown --devices local-1t,local-2t --models
+xgboost-hier` scores one model per test task on the collection CPU's domains (where the error is).
 """
 from __future__ import annotations
 
@@ -85,6 +86,44 @@ def run(extra: str, devices: list[str], holdout: list[str], models: list[str], s
                       f"compute {row['compute'].get('mape_pct', float('nan')):.1f} %)", flush=True)
 
 
+def breakdown(devices: list[str], holdout: list[str], model: str, out: Path, top: int = 8) -> dict:
+    """Where the held-out-network error comes from: `model` trained on the harness split of
+    `devices`, its summed APE per test task, the data-movement kernels' share, and the training
+    programs nearest (summed log features) to the worst task's."""
+    from tensorplan.predict import evaluate as E
+    from tensorplan.predict.baselines import summed_features
+    from tensorplan.predict.dataset import load_dataset
+
+    ds = load_dataset(None).only_devices(devices).filter_stable(max_cov=0.01, metric="mad")
+    data = E.EvalData(ds)
+    names = ds.tasks.set_index("task_key")["task_name"].to_dict()
+    tr, va, te = E.network_split(ds, holdout, 0, data)
+    m = E.make_model(model, seed=0)
+    E._fit(m, tr, va, None)
+    pred, y = m.predict(te), te.latency_s
+    ape = np.abs(pred - y) / y
+    keys = np.asarray(te.task_key)
+    dm = np.array([is_data_movement(names[k]) for k in keys])
+    tasks = []
+    for k in np.unique(keys):
+        sel = keys == k
+        tasks.append({"task": names[k], "records": int(sel.sum()), "ape_share_pct": float(100 * ape[sel].sum() / ape.sum()),
+                      "mape_pct": float(100 * ape[sel].mean()), "measured_ms_median": float(1e3 * np.median(y[sel])),
+                      "predicted_ms_median": float(1e3 * np.median(pred[sel])), "data_movement": bool(dm[sel][0])})
+    tasks.sort(key=lambda t: -t["ape_share_pct"])
+    worst = keys == [k for k in np.unique(keys) if names[k] == tasks[0]["task"]][0]
+    xtr, xte = np.log1p(np.abs(summed_features(tr))), np.log1p(np.abs(summed_features(te)))
+    d = np.linalg.norm(xtr[:, None, :] - xte[worst][:1][None, :, :], axis=2)[:, 0]
+    near = np.argsort(d)[:5]
+    res = {"devices": devices, "holdout": holdout, "model": model, "n_test": int(len(y)),
+           "mape_pct": float(100 * ape.mean()), "data_movement_records_pct": float(100 * dm.mean()),
+           "data_movement_ape_share_pct": float(100 * ape[dm].sum() / ape.sum()), "top_tasks": tasks[:top],
+           "worst_task_nearest_training": [{"task": names[tr.task_key[i]], "measured_ms": float(1e3 * tr.latency_s[i]),
+                                            "distance": float(d[i])} for i in near]}
+    out.write_text(json.dumps(res, indent=1))
+    return res
+
+
 def _rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
@@ -116,8 +155,18 @@ def main(extra: str = typer.Option("data/cdmpp-datamove-zen4", help="Exported gr
          seeds: str = typer.Option("0,1,2", help="Seeds (split validation tasks and model init)."),
          time_scale: float = typer.Option(1.0, help="Multiply the models' training budgets."),
          out: Path = typer.Option(OUT, help="JSONL, one line per (model, seed, with/without); resumable."),
-         summary: bool = typer.Option(False, "--summary", help="Print and write the summary JSON.")) -> None:
+         summary: bool = typer.Option(False, "--summary", help="Print and write the summary JSON."),
+         where: bool = typer.Option(False, "--breakdown", help="Instead: per-task error of one model on the harness "
+                                    "split of --devices (e.g. local-1t,local-2t), -> cdmpp_datamove_breakdown.json.")) -> None:
     """Held-out-network error with and without the synthetic data-movement grid in training."""
+    if where:
+        r = breakdown([d for d in devices.split(",") if d], [h for h in holdout.split(",") if h],
+                      models.split(",")[0], out.with_name("cdmpp_datamove_breakdown.json"))
+        print(json.dumps({k: v for k, v in r.items() if k != "top_tasks"}, indent=1))
+        for t in r["top_tasks"]:
+            print(f"{t['ape_share_pct']:5.1f} % of APE  {t['records']:4d} rec  measured {t['measured_ms_median']:.3f} ms  "
+                  f"predicted {t['predicted_ms_median']:.3f} ms  {t['task']}")
+        return
     if summary:
         s = summarize(out)
         out.with_suffix(".json").write_text(json.dumps(s, indent=1))

@@ -71,6 +71,10 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-tuned-oracle", [PY, "bench/cdmpp_tuned_check.py", "--oracle", "--models",
                             "tiny-style,tiny-linear-attention,tiny-cnn,mobilenet-v2,efficientvit-b1"], 13),
     ("cdmpp-tuned-summary", [PY, "bench/cdmpp_tuned_check.py", "--summary"], 0.1),
+    # trains on the committed grid records (data/cdmpp-datamove-zen4, collected on a Zen 4 VM; the
+    # collect command in the script's docstring must run on that machine type)
+    ("cdmpp-datamove", [PY, "bench/cdmpp_datamove.py"], 25),
+    ("cdmpp-datamove-summary", [PY, "bench/cdmpp_datamove.py", "--summary"], 0.1),
     ("cdmpp-predict-check", [PY, "bench/cdmpp_predict_check.py", "--calibrate"], 25),
     ("cdmpp-predict-check-summary", [PY, "bench/cdmpp_predict_check.py", "--summary"], 0.1),
     ("cdmpp-gpu-predict-check", [PY, "bench/cdmpp_gpu_predict_check.py", "--holdout"], 25),

@@ -136,6 +136,27 @@ def test_collect_on_another_cpu_names_its_own_domains(tmp_path):
         D.local_specs([1], "local")
 
 
+def test_new_tasks_of_a_known_domain_load_with_the_dataset():
+    """data/cdmpp-datamove-zen4 (datamove-grid collected on the Zen 4 VM, `collect --prefix zen4`)
+    joins the dataset's zen4 domains: different programs, so both parts' records stay, under the
+    first part's device spec; the same programs twice are refused."""
+    from tensorplan.errors import TensorplanError
+    grid_dir = D.default_data_dir().parent / "cdmpp-datamove-zen4"
+    ds = _committed_or_skip()
+    if not (grid_dir / "records.parquet").exists():
+        pytest.skip("data/cdmpp-datamove-zen4 not available")
+    grid = D.load_dataset(grid_dir)
+    assert set(grid.records["device"]) == {"zen4-1t", "zen4-2t"}
+    assert {n for v in grid.records["networks"] for n, _ in v} == {"datamove-grid"}
+    both = D.load_dataset(f"{D.default_data_dir()},{grid_dir}")
+    for dev in ("zen4-1t", "zen4-2t"):
+        assert (both.records["device"] == dev).sum() == (ds.records["device"] == dev).sum() + (grid.records["device"] == dev).sum()
+    assert both.devices["zen4-1t"] == ds.devices["zen4-1t"]
+    assert not set(grid.records["task_key"]) & set(ds.records["task_key"])
+    with pytest.raises(TensorplanError, match="'zen4-1t' times [0-9]+ of the same programs"):
+        D.load_dataset([grid_dir, grid_dir])
+
+
 def test_two_thread_domain_really_uses_two_threads(tmp_path):
     """local-2t must run parallel loops on 2 workers (regression: a pool configured down to 1 thread
     before first use ran '2-thread' kernels on one worker). Fresh process; each iteration of a

@@ -1185,9 +1185,11 @@ def load_dataset(path: str | Path | Sequence[str | Path] | None = None) -> Datas
 def concat_datasets(parts: Sequence[Dataset]) -> Dataset:
     """One dataset from several exports (e.g. the CPU domains and the GPU domain).
 
-    Programs stay distinct (`prog_idx` is offset per part); a task in several parts is kept once;
-    a device domain may appear in only one part, since two parts measuring the same domain would be
-    two different records of it with no way to tell which one to trust.
+    Programs stay distinct (`prog_idx` is offset per part); a task in several parts is kept once.
+    A device domain may appear in several parts only if they time different programs (e.g. new
+    tasks collected later on the same machine type, `collect --prefix`); the first part's spec
+    describes it. Two parts timing the same program on one domain would be two records of it with
+    no way to tell which one to trust, so that is refused.
     """
     import pandas as pd
     if not parts:
@@ -1195,12 +1197,16 @@ def concat_datasets(parts: Sequence[Dataset]) -> Dataset:
     if len(parts) == 1:
         return parts[0]
     seen: dict[str, str] = {}
+    progs: dict[str, set] = {}
     for ds in parts:
-        for dev in ds.records["device"].unique():
-            if dev in seen:
-                raise TensorplanError(f"concat_datasets: device domain '{dev}' is in both '{seen[dev]}' and "
-                                      f"'{ds.path}'; merge it into one export (`tensorplan dataset merge-device`)")
-            seen[dev] = ds.path
+        for dev, keys in ds.records.groupby("device")["prog_key"]:
+            shared = progs.setdefault(dev, set()) & set(keys)
+            if shared:
+                raise TensorplanError(f"concat_datasets: device domain '{dev}' times {len(shared)} of the same "
+                                      f"programs in '{seen[dev]}' and '{ds.path}'; merge it into one export "
+                                      "(`tensorplan dataset merge-device`)")
+            progs[dev] |= set(keys)
+            seen.setdefault(dev, ds.path)
     recs, off = [], 0
     for ds in parts:
         r = ds.records.copy()
@@ -1210,7 +1216,11 @@ def concat_datasets(parts: Sequence[Dataset]) -> Dataset:
     rec = pd.concat(recs, ignore_index=True)
     rec["record_id"] = np.arange(len(rec), dtype=np.int64)
     tasks = pd.concat([ds.tasks for ds in parts], ignore_index=True).drop_duplicates("task_key").reset_index(drop=True)
-    devices = {k: v for ds in parts for k, v in ds.devices.items() if k in seen}
+    devices: dict = {}
+    for ds in parts:                                   # the first part's spec of each domain
+        for k, v in ds.devices.items():
+            if k in seen and k not in devices:
+                devices[k] = v
     return Dataset(rec, [x for ds in parts for x in ds.leaves], [x for ds in parts for x in ds.positions], tasks,
                    devices, ",".join(ds.path for ds in parts),
                    [x for ds in parts for x in ds.preorders] if all(ds.preorders for ds in parts) else [])

@@ -1,10 +1,10 @@
 """Synthetic coverage models for the CDMPP dataset: not networks anyone runs, but grids of the
 kernels real networks contain too few of.
 
-Why: on held-out networks the predictors' worst errors are data-movement kernels (concat +
-reshape + transpose, strided slices, pads). Each zoo network has a handful of them at a few sizes,
-so a new network's 3 MB head split has no neighbour in the training data (docs/cdmpp.md,
-*Data-movement coverage*). `datamove-grid` applies nine layout patterns to sixteen NCHW shapes
+Why: on held-out networks the predictors' worst errors are data-movement kernels (strided
+slices, pads, concat + reshape + transpose). Each zoo network has a handful of them at a few sizes,
+so a new network's have few neighbours in the training data (docs/cdmpp.md, *Data-movement
+coverage*). `datamove-grid` applies nine layout patterns to sixteen NCHW shapes
 (channels × spatial size); every branch ends in its own output, so Relax fuses each into one
 kernel, and `tensorplan dataset collect --networks datamove-grid` samples and times their
 schedules like any network's. The grid shares no kernel with the zoo networks (checked by
