@@ -50,15 +50,18 @@ def test_units_staircase_and_mace_examples():
 
 
 def test_fit_on_real_measurements_beats_flops():
-    """Measure a small sweep now (real kernels), fit on half, check on the other half."""
+    """Measure a small sweep now (real kernels), fit on half, check on the other half.
+
+    Each kernel keeps its best of three interleaved rounds: under `pytest -n 2` the other worker
+    can hold a core for a while, which a 2-thread kernel timed in one burst would absorb."""
     rng = np.random.default_rng(0)
-    samples = []
-    for h in (14, 20, 28):
-        for ic, oc in ((16, 32), (32, 64), (64, 48)):
-            for rows in range(2, h + 1, max(1, h // 4)):
-                op = OpShape("conv", rows + 2, h, ic, oc, 3, 1, 0, 0, 1, 1)
-                for proc in ("cpu", "cpu2"):
-                    samples.append(KernelSample(op, proc, _measure(op, proc)))
+    items = [(OpShape("conv", rows + 2, h, ic, oc, 3, 1, 0, 0, 1, 1), proc)
+             for h in (14, 20, 28) for ic, oc in ((16, 32), (32, 64), (64, 48))
+             for rows in range(2, h + 1, max(1, h // 4)) for proc in ("cpu", "cpu2")]
+    best = [_measure(op, proc, reps=5) for op, proc in items]
+    for _ in range(2):
+        best = [min(b, _measure(op, proc, reps=5)) for b, (op, proc) in zip(best, items)]
+    samples = [KernelSample(op, proc, t) for (op, proc), t in zip(items, best)]
     idx = rng.permutation(len(samples))
     tr = [samples[i] for i in idx[: len(idx) // 2]]
     te = [samples[i] for i in idx[len(idx) // 2:]]
