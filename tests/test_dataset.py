@@ -58,18 +58,24 @@ def test_trace_replay_reproduces_tir(mlp_tasks):
     assert got >= 3
 
 
+def _collect_in_fresh_process(store, **kw) -> dict:
+    """`D.collect(['tiny-mlp'], store=store, **kw)` in a fresh process, its stats. Fresh: TVM's
+    runtime pool size is fixed by the first kernel run in a process, and other tests in this worker
+    may already have run kernels with a 1-thread pool."""
+    args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
+    code = ("import json; from tensorplan.predict import dataset as D; "
+            f"st = D.collect(['tiny-mlp'], store={str(store)!r}, {args}, progress=False, log=lambda s: None); "
+            "print(json.dumps(st.to_dict()))")
+    return json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                     timeout=600).stdout.strip().splitlines()[-1])
+
+
 def test_collect_export_load_roundtrip(tmp_path):
     store = tmp_path / "s.sqlite"
-    # a fresh process: TVM's runtime pool size is fixed by the first kernel run in a process, and
-    # other tests in this worker may already have run kernels with a 1-thread pool
-    code = ("import json, sys; from tensorplan.predict import dataset as D; "
-            f"st = D.collect(['tiny-mlp'], programs_per_task=2, threads=(1, 2), store={str(store)!r}, batch=2, "
-            "progress=False, log=lambda s: None); print(json.dumps(st.to_dict()))")
-    st = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                                   timeout=600).stdout.strip().splitlines()[-1])
+    kw = dict(programs_per_task=2, threads=(1, 2), batch=2)
+    st = _collect_in_fresh_process(store, **kw)
     assert st["programs"] >= 4 and st["records"] == 2 * st["programs"]
-    again = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                                      timeout=600).stdout.strip().splitlines()[-1])
+    again = _collect_in_fresh_process(store, **kw)
     assert again["programs"] == 0 and again["skipped_done"] >= st["programs"]   # resumed: nothing redone
     from tensorplan.measure.store import Store
     ms = list(Store(store).measurements(kind=D.PROGRAM_KIND))
@@ -122,11 +128,7 @@ def test_collect_on_another_cpu_names_its_own_domains(tmp_path):
     from tensorplan.errors import TensorplanError
     from tensorplan.measure.store import Store
     store = tmp_path / "s.sqlite"
-    code = ("import json; from tensorplan.predict import dataset as D; "
-            f"st = D.collect(['tiny-mlp'], programs_per_task=1, threads=(1,), store={str(store)!r}, batch=1, "
-            "prefix='testcpu', progress=False, log=lambda s: None); print(json.dumps(st.to_dict()))")
-    st = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                                   timeout=600).stdout.strip().splitlines()[-1])
+    st = _collect_in_fresh_process(store, programs_per_task=1, threads=(1,), batch=1, prefix="testcpu")
     assert st["programs"] >= 2 and st["records"] == st["programs"]
     ms = list(Store(store).measurements(kind=D.PROGRAM_KIND))
     assert {m["device"] for m in ms} == {"testcpu-1t"} and len(ms) == st["records"]
