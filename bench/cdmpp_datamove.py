@@ -62,11 +62,11 @@ def run(extra: str, devices: list[str], holdout: list[str], models: list[str], s
         ds = raw.filter_stable(max_cov=0.01, metric="mad")
         data = E.EvalData(ds)
         names = ds.tasks.set_index("task_key")["task_name"].to_dict()
+        grid = {k for k, nets in zip(ds.tasks["task_key"], ds.tasks["networks"]) if any(n == "datamove-grid" for n, _ in nets)}
         for seed in seeds:
             tr, va, te = E.network_split(ds, holdout, seed, data)
             dm = np.array([is_data_movement(names[k]) for k in te.task_key])
-            grid_train = int(sum(any(n == "datamove-grid" for n, _ in ds.tasks.set_index("task_key").loc[k, "networks"])
-                                 for k in tr.task_key)) if with_grid else 0
+            grid_train = int(sum(k in grid for k in tr.task_key))
             for name in models:
                 if (name, seed, with_grid) in done:
                     continue
@@ -107,13 +107,13 @@ def breakdown(devices: list[str], holdout: list[str], model: str, out: Path, top
     tasks = []
     for k in np.unique(keys):
         sel = keys == k
-        tasks.append({"task": names[k], "records": int(sel.sum()), "ape_share_pct": float(100 * ape[sel].sum() / ape.sum()),
+        tasks.append({"task": names[k], "key": str(k), "records": int(sel.sum()), "ape_share_pct": float(100 * ape[sel].sum() / ape.sum()),
                       "mape_pct": float(100 * ape[sel].mean()), "measured_ms_median": float(1e3 * np.median(y[sel])),
                       "predicted_ms_median": float(1e3 * np.median(pred[sel])), "data_movement": bool(dm[sel][0])})
     tasks.sort(key=lambda t: -t["ape_share_pct"])
-    worst = keys == [k for k in np.unique(keys) if names[k] == tasks[0]["task"]][0]
+    worst = np.flatnonzero(keys == tasks[0]["key"])[0]
     xtr, xte = np.log1p(np.abs(summed_features(tr))), np.log1p(np.abs(summed_features(te)))
-    d = np.linalg.norm(xtr[:, None, :] - xte[worst][:1][None, :, :], axis=2)[:, 0]
+    d = np.linalg.norm(xtr - xte[worst], axis=1)
     near = np.argsort(d)[:5]
     res = {"devices": devices, "holdout": holdout, "model": model, "n_test": int(len(y)),
            "mape_pct": float(100 * ape.mean()), "data_movement_records_pct": float(100 * dm.mean()),

@@ -623,7 +623,6 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     same transaction: a killed run resumes where it stopped.
     """
     threads = sorted({int(t) for t in threads})
-    specs = local_specs(threads, prefix, "measure-device")
     import tempfile
     import tvm
     from ..measure.store import Store
@@ -643,6 +642,7 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
         tmp = tempfile.TemporaryDirectory(prefix="tensorplan-prebuild-")
         pre = Prebuilder(todo, tasks, target, tmp.name, workers)
     init_pool(max(threads))
+    specs = local_specs(threads, prefix, "measure-device")
     dev_keys = {t: st.put_device(sp) for t, sp in specs.items()}
     stats = CollectStats(skipped_done=len(done))
     t_start = last = time.time()
