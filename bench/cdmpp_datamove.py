@@ -19,7 +19,8 @@ Each model and seed is trained twice on the held-out-network split of those doma
 three networks by default), once without and once with the grid's records, and scored on the same
 test records: overall, on the test's data-movement kernels (tasks whose name holds no conv2d, matmul,
 dense, softmax, norm, mean or pool) and on the rest. One JSON line per (model, seed, with/without);
-`--summary` prints medians over seeds. `--breakdown --devices local-1t,local-2t --models
+`--summary` prints medians over seeds. `--also-train local-1t,local-2t --out ..._multi.jsonl` adds the
+collection CPU's domains to training (tested on `--devices` still). `--breakdown --devices local-1t,local-2t --models
 xgboost-hier` scores one model per test task on the collection CPU's domains (where the error is).
 """
 from __future__ import annotations
@@ -52,19 +53,22 @@ def _metrics(pred: np.ndarray, y: np.ndarray) -> dict:
 
 
 def run(extra: str, devices: list[str], holdout: list[str], models: list[str], seeds: list[int],
-        time_scale: float, out: Path) -> None:
+        time_scale: float, out: Path, also_train: list[str] | None = None) -> None:
+    """`also_train`: more domains to train on (e.g. the collection CPU's), tested on `devices` only."""
     from tensorplan.predict import evaluate as E
     from tensorplan.predict.dataset import load_dataset
 
+    also = [d for d in (also_train or []) if d not in devices]
     done = {(r["model"], r["seed"], r["with_grid"]) for r in _rows(out)}
     for with_grid in (False, True):
-        raw = load_dataset(f"data/cdmpp,{extra}" if with_grid else None).only_devices(devices)
+        raw = load_dataset(f"data/cdmpp,{extra}" if with_grid else None).only_devices(devices + also)
         ds = raw.filter_stable(max_cov=0.01, metric="mad")
         data = E.EvalData(ds)
         names = ds.tasks.set_index("task_key")["task_name"].to_dict()
         grid = {k for k, nets in zip(ds.tasks["task_key"], ds.tasks["networks"]) if any(n == "datamove-grid" for n, _ in nets)}
         for seed in seeds:
             tr, va, te = E.network_split(ds, holdout, seed, data)
+            te = te.subset(np.flatnonzero(np.isin(np.asarray(te.device_name), devices)))
             dm = np.array([is_data_movement(names[k]) for k in te.task_key])
             grid_train = int(sum(k in grid for k in tr.task_key))
             for name in models:
@@ -73,7 +77,8 @@ def run(extra: str, devices: list[str], holdout: list[str], models: list[str], s
                 m = E.make_model(name, time_scale=time_scale, seed=seed)
                 tt = E._fit(m, tr, va, None)
                 pred = m.predict(te)
-                row = {"model": name, "seed": seed, "with_grid": with_grid, "devices": devices, "holdout": holdout,
+                row = {"model": name, "seed": seed, "with_grid": with_grid, "devices": devices, "also_train": also,
+                       "holdout": holdout,
                        "n_train": len(tr), "n_train_grid": grid_train, "n_test": len(te), "train_s": tt,
                        "all": _metrics(pred, te.latency_s), "data_movement": _metrics(pred[dm], te.latency_s[dm]),
                        "compute": _metrics(pred[~dm], te.latency_s[~dm]),
@@ -150,6 +155,7 @@ def summarize(path: Path) -> dict:
 
 def main(extra: str = typer.Option("data/cdmpp-datamove-zen4", help="Exported grid records (dataset directory)."),
          devices: str = typer.Option("zen4-1t,zen4-2t", help="Domains to train and test on (the grid's)."),
+         also_train: str = typer.Option("", help="More domains to train on, not tested (e.g. local-1t,local-2t)."),
          holdout: str = typer.Option(HOLDOUT, help="Held-out networks."),
          models: str = typer.Option("xgboost-hier,cdmpp-nocmd-parts", help="Harness models."),
          seeds: str = typer.Option("0,1,2", help="Seeds (split validation tasks and model init)."),
@@ -179,7 +185,8 @@ def main(extra: str = typer.Option("data/cdmpp-datamove-zen4", help="Exported gr
                     print(f"| {model} | {k} | {x['n_train']:,} ({x['n_train_grid']:,}) | {cells} |")
         return
     run(extra, [d for d in devices.split(",") if d], [h for h in holdout.split(",") if h],
-        [m for m in models.split(",") if m], [int(s) for s in seeds.split(",") if s], time_scale, out)
+        [m for m in models.split(",") if m], [int(s) for s in seeds.split(",") if s], time_scale, out,
+        [d for d in also_train.split(",") if d])
 
 
 if __name__ == "__main__":

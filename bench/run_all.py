@@ -75,6 +75,10 @@ STEPS: list[tuple[str, list[str], float]] = [
     # collect command in the script's docstring must run on that machine type)
     ("cdmpp-datamove", [PY, "bench/cdmpp_datamove.py"], 25),
     ("cdmpp-datamove-summary", [PY, "bench/cdmpp_datamove.py", "--summary"], 0.1),
+    ("cdmpp-datamove-multi", [PY, "bench/cdmpp_datamove.py", "--also-train", "local-1t,local-2t",
+                              "--out", "bench/results/cdmpp_datamove_multi.jsonl"], 25),
+    ("cdmpp-datamove-multi-summary", [PY, "bench/cdmpp_datamove.py", "--summary",
+                                      "--out", "bench/results/cdmpp_datamove_multi.jsonl"], 0.1),
     ("cdmpp-predict-check", [PY, "bench/cdmpp_predict_check.py", "--calibrate"], 25),
     ("cdmpp-predict-check-summary", [PY, "bench/cdmpp_predict_check.py", "--summary"], 0.1),
     ("cdmpp-gpu-predict-check", [PY, "bench/cdmpp_gpu_predict_check.py", "--holdout"], 25),
