@@ -35,10 +35,13 @@ NETWORKS = ["tiny-cnn", "resnet-50", "mobilenet-v2", "bert-base", "efficientvit-
             "tiny-style", "tiny-linear-attention", "yolov4"]
 
 
+def _rows(path: Path) -> list[dict]:
+    """The JSONL's lines (none if it does not exist yet)."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
 def _done(path: Path) -> set:
-    if not path.exists():
-        return set()
-    return {(r["model"], r["host"]) for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+    return {(r["model"], r["host"]) for r in _rows(path)}
 
 
 def _collection_labels(data, threads: int) -> tuple[dict, set]:
@@ -105,10 +108,11 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> float:
 
 def summarize(path: Path) -> dict:
     """Per (network, host): the measured total, and for each predictor its per-kernel errors and
-    whole-network ratio, pooled over each host's kernels; the split of the shipped model's error into its fit on the collection CPU
-    (prediction / that CPU's label) and the device shift (this CPU / the collection CPU)."""
+    whole-network ratio, pooled over each host's kernels; the split of the shipped model's error
+    into its fit on the collection CPU (prediction / that CPU's label) and the device shift (this
+    CPU / the collection CPU)."""
     rows, pooled = [], {}
-    for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
+    for r in _rows(path):
         ks = [k for k in r["kernels"] if k.get("measured_us")]
         meas = np.array([k["measured_us"] for k in ks]) * 1e-6
         calls = np.array([k["calls"] for k in ks], np.float64)
@@ -145,7 +149,7 @@ def plot(path: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = _rows(path)
     hosts = list(dict.fromkeys(r["host"] for r in lines))
     fig, axes = plt.subplots(len(hosts), 2, figsize=(11, 5 * len(hosts)), squeeze=False)
     for ax, host in zip(axes, hosts):
