@@ -138,6 +138,33 @@ def test_collect_on_another_cpu_names_its_own_domains(tmp_path):
         D.local_specs([1], "local")
 
 
+def test_second_pass_times_only_what_an_export_lacks(tmp_path):
+    """`collect --exclude-data DIR --min-task-flops F`: the pass over what a first collection skipped
+    (its programs over the time cap). Programs the export timed are not sampled again, tasks under F
+    FLOPs are left out, and the new programs load together with the export's."""
+    from tensorplan.errors import TensorplanError
+    first, second = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    _collect_in_fresh_process(first, programs_per_task=2, threads=(1,), batch=2)
+    D.export(first, tmp_path / "a", progress=False, log=lambda s: None)
+    have = D.timed_programs(tmp_path / "a")
+    assert have and {i for _, i in have} <= {0, 1}
+    tasks = D.load_dataset(tmp_path / "a").tasks
+    flops = sorted(tasks["flops"])
+    cut = flops[len(flops) // 2]                       # the larger half of tiny-mlp's tasks
+    st = _collect_in_fresh_process(second, programs_per_task=3, threads=(1,), batch=3, exclude=have,
+                                   min_task_flops=cut)
+    assert st["programs"] >= 1
+    D.export(second, tmp_path / "b", progress=False, log=lambda s: None)
+    got = D.timed_programs(tmp_path / "b")
+    assert got and not got & have                      # nothing timed twice
+    big = set(tasks.loc[tasks["flops"] >= cut, "task_key"])
+    assert {k for k, _ in got} <= big
+    both = D.load_dataset(f"{tmp_path / 'a'},{tmp_path / 'b'}")
+    assert len(both.records) == len(D.load_dataset(tmp_path / "a").records) + len(D.load_dataset(tmp_path / "b").records)
+    with pytest.raises(TensorplanError, match="no programs.parquet"):
+        D.timed_programs(tmp_path)
+
+
 def test_new_tasks_of_a_known_domain_load_with_the_dataset():
     """data/cdmpp-datamove-zen4 (datamove-grid collected on the Zen 4 VM, `collect --prefix zen4`)
     joins the dataset's zen4 domains: different programs, so both parts' records stay, under the

@@ -27,6 +27,11 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
             max_kernel_ms: float = typer.Option(100.0, "--max-kernel-ms", help="Skip programs slower than this per call."),
             prefix: Optional[str] = typer.Option(None, "--prefix", help="Name this machine's domains <prefix>-<N>t "
                                                  "(e.g. zen4) instead of local-<N>t: another CPU than the dataset's."),
+            min_task_flops: Optional[float] = typer.Option(None, "--min-task-flops",
+                                                           help="Only tasks with at least this many FLOPs."),
+            exclude_data: Optional[Path] = typer.Option(
+                None, "--exclude-data", help="Skip programs this export timed (with a larger --max-kernel-ms: "
+                                             "time the big programs it skipped as too slow)."),
             json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
             no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Sample schedules of every fused kernel, compile once, time at each thread count; resumable."""
@@ -37,9 +42,11 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
         raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
     os.environ["TVM_NUM_THREADS"] = str(max(ths))   # before TVM's runtime pool exists
     from ..predict.dataset import collect as _collect
+    from ..predict.dataset import timed_programs
     nets = [n.strip() for n in networks.split(",")] if networks else None
     st = _collect(nets, programs_per_task=programs_per_task, threads=ths, store=store,
                   budget_minutes=budget_minutes, batch=batch, max_kernel_s=max_kernel_ms / 1e3,
+                  min_task_flops=min_task_flops, exclude=timed_programs(exclude_data) if exclude_data else None,
                   progress=not no_progress, prefix=prefix)
     d = st.to_dict()
     if json_out:

@@ -332,13 +332,16 @@ def local_specs(threads: Sequence[int], prefix: str | None = None, what: str = "
 def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 64,
             threads: Sequence[int] = (1, 2), store: Any = None, budget_minutes: float | None = None,
             batch: int = 4, min_repeat_s: float = 2e-5, repeats: int = 15, max_kernel_s: float = 0.1,
-            max_task_flops: float | None = None, progress: bool = True, prefix: str | None = None,
+            max_task_flops: float | None = None, min_task_flops: float | None = None,
+            exclude: set[tuple[str, int]] | None = None, progress: bool = True, prefix: str | None = None,
             log: Callable[[str], None] | None = None) -> CollectStats:
     """Sample, compile and time programs for every task of `networks`; resumable.
 
     Round-robin over tasks, `batch` programs per task per visit, so stopping early (budget or
     kill) still leaves every task covered.  Returns counts and the measured record rate.
     `prefix` names the records' domains `<prefix>-<N>t` instead of `local-<N>t` (`local_specs`).
+    `exclude` holds (task key, sample index) pairs not to sample (`timed_programs` of an export):
+    with a larger `max_kernel_s`, a pass over what the dataset skipped as too slow.
     """
     threads = sorted({int(t) for t in threads})
     # TVM sizes its runtime pool from TVM_NUM_THREADS (default here: 1) when first used; create it
@@ -358,13 +361,17 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     tasks = get_tasks(st, networks, log)
     if max_task_flops:
         tasks = [t for t in tasks if t.flops <= max_task_flops]
+    if min_task_flops:
+        tasks = [t for t in tasks if t.flops >= min_task_flops]
+    exclude = exclude or set()
     target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
     job = st.job(JOB if prefix is None else f"{JOB}-{prefix}")
     done = job.done_keys()
     stats = CollectStats()
     states: dict[str, _TaskState | None] = {}
-    total = len(tasks) * programs_per_task
-    n_done0 = sum(1 for t in tasks for i in range(programs_per_task) if f"{t.key}:{i}" in done)
+    total = sum(1 for t in tasks for i in range(programs_per_task) if (t.key, i) not in exclude)
+    n_done0 = sum(1 for t in tasks for i in range(programs_per_task)
+                  if f"{t.key}:{i}" in done and (t.key, i) not in exclude)
     stats.skipped_done = n_done0
     log(f"collect: {len(tasks)} tasks from {len(networks)} networks; {programs_per_task} programs/task; "
         f"threads {threads}; {n_done0}/{total} already done; store {st.path}")
@@ -383,7 +390,7 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
                 if deadline and time.time() > deadline:
                     raise _Budget()
                 todo = [i for i in range(start, min(start + batch, programs_per_task))
-                        if f"{task.key}:{i}" not in done]
+                        if f"{task.key}:{i}" not in done and (task.key, i) not in exclude]
                 if not todo:
                     continue
                 state = states.get(task.key, 0)
@@ -439,6 +446,18 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
 
 class _Budget(Exception):
     pass
+
+
+def timed_programs(path: str | Path) -> set[tuple[str, int]]:
+    """(task key, sample index) of every program an export timed on any device: what `collect
+    --exclude-data` leaves out, so a second pass times only what the first skipped or never reached."""
+    import pyarrow.parquet as pq
+    f = Path(path) / "programs.parquet"
+    if not f.exists():
+        raise TensorplanError(f"dataset '{path}': no programs.parquet; pass a directory written by "
+                              "`tensorplan dataset export`")
+    t = pq.read_table(f, columns=["task_key", "index"]).to_pandas()
+    return set(zip(t["task_key"].astype(str), t["index"].astype(int)))
 
 
 def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_kernel_s, repeats):

@@ -176,6 +176,46 @@ def static_onnx(path: Path, name: str, input_shapes: dict[str, tuple[int, ...]] 
     return out
 
 
+def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, progress: bool = False,
+                     log: Callable[[str], None] | None = None, specs: dict | None = None) -> tuple:
+    """A network's fused kernels, each with its default schedule (then up to `tuned` - 1 more
+    samples), featurised for domain `dom` -> (tasks, gaps, programs, how each was scheduled, compact
+    ASTs, ProgramArrays). Programs are (task index, module, sample index), each task's default first.
+    What `predict_network` predicts; a study that compares several predictors on the same kernels
+    computes it once. `specs`: a dataset's recorded devices (`Dataset.devices`), for a `dom` such as
+    zen4-2t that only a dataset describes."""
+    from .features import featurize_many
+    from .tasks import network_tasks_and_gaps, task_io_of
+
+    is_gpu = domain_kind(dom) == "gpu"
+    tasks, gaps = network_tasks_and_gaps(path, name)
+    if gaps and log:
+        log("not predicted (no TIR kernel after TVM's fusion; their time is not in the total): "
+            + ", ".join(f"{op.removeprefix('relax.')} x{n}" for op, n in sorted(gaps.items())))
+    if not tasks:
+        raise TensorplanError(f"model '{name}': no fused kernels found")
+    progs: list[tuple[int, object, int | None]] = []
+    how = []
+    with progress_bar("sample schedules", len(tasks), progress) as advance:
+        target = gpu_target(dom) if is_gpu else None
+        # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
+        # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
+        tries = (GPU_SAMPLE_TRIES if is_gpu else 8) + 4 * tuned
+        for j, t in enumerate(tasks):
+            got = task_schedules(t, target, max(1, tuned), tries)
+            how.append(f"meta-schedule sample {got[0][1]}" if got else "unscheduled")
+            progs.append((j, got[0][0], got[0][1]) if got else (j, t.mod, None))
+            progs.extend((j, m, i) for m, i in got[1:])
+            advance()
+            if log:
+                log(f"{t.name}: {how[-1]}" + (f", {len(got)} schedules to compare" if tuned else ""))
+    asts = featurize_many([m for _, m, _ in progs], is_gpu=is_gpu)
+    arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
+                                      task_key=[tasks[j].key for j, _, _ in progs], flops=[a.flops for a in asts],
+                                      task_io=[task_io_of(m) for _, m, _ in progs], specs=specs)
+    return tasks, gaps, progs, how, asts, arr
+
+
 def predict_network(model: str, device: str = "local", weights: str | Path | None = None,
                     log: Callable[[str], None] | None = None, measure: bool = False,
                     progress: bool = False, calibrated: bool = True,
@@ -202,8 +242,6 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     from ..devices.spec import feature_differences
     from ..graph.load import resolve_model
     from .dataset import init_pool, time_module
-    from .features import featurize_many
-    from .tasks import network_tasks_and_gaps, task_io_of
 
     if tuned < 0:
         raise TensorplanError(f"tuned: the number of schedules to compare per kernel must be >= 0, got {tuned}")
@@ -250,33 +288,8 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     if warning and log:
         log(f"warning: {warning}")
     t0 = time.perf_counter()
-    tasks, gaps = network_tasks_and_gaps(path, name)
-    if gaps and log:
-        log("not predicted (no TIR kernel after TVM's fusion; their time is not in the total): "
-            + ", ".join(f"{op.removeprefix('relax.')} x{n}" for op, n in sorted(gaps.items())))
-    if not tasks:
-        raise TensorplanError(f"model '{model}': no fused kernels found")
-    # every program to predict, the tasks' default schedules first: (task index, module, sample index)
-    progs: list[tuple[int, object, int | None]] = []
-    how = []
-    with progress_bar("sample schedules", len(tasks), progress) as advance:
-        target = gpu_target(dom) if is_gpu else None
-        # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
-        # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
-        tries = (GPU_SAMPLE_TRIES if is_gpu else 8) + 4 * tuned
-        for j, t in enumerate(tasks):
-            got = task_schedules(t, target, max(1, tuned), tries)
-            how.append(f"meta-schedule sample {got[0][1]}" if got else "unscheduled")
-            progs.append((j, got[0][0], got[0][1]) if got else (j, t.mod, None))
-            progs.extend((j, m, i) for m, i in got[1:])
-            advance()
-            if log:
-                log(f"{t.name}: {how[-1]}" + (f", {len(got)} schedules to compare" if tuned else ""))
-    asts = featurize_many([m for _, m, _ in progs], is_gpu=is_gpu)
+    tasks, gaps, progs, how, asts, arr = network_programs(path, name, dom, tuned=tuned, progress=progress, log=log)
     t1 = time.perf_counter()
-    arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
-                                      task_key=[tasks[j].key for j, _, _ in progs], flops=[a.flops for a in asts],
-                                      task_io=[task_io_of(m) for _, m, _ in progs])
     # an ensemble also says how much its members disagree (std of log latency) per kernel
     logs = est.member_log_predictions(arr) if hasattr(est, "member_log_predictions") else None
     pred, spread = est.from_logs(logs) if logs is not None else (est.predict(arr), None)
