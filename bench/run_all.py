@@ -81,6 +81,14 @@ STEPS: list[tuple[str, list[str], float]] = [
                                       "--out", "bench/results/cdmpp_datamove_multi.jsonl"], 0.1),
     ("cdmpp-predict-check", [PY, "bench/cdmpp_predict_check.py", "--calibrate"], 25),
     ("cdmpp-predict-check-summary", [PY, "bench/cdmpp_predict_check.py", "--summary"], 0.1),
+    # trains on the committed programs over the 0.1 s cap (data/cdmpp-big-zen4, Zen 4 VM) and scores
+    # against the Zen 4 host's lines of the predict check's committed JSONL
+    ("cdmpp-bigkernels", [PY, "bench/cdmpp_bigkernels.py"], 30),
+    ("cdmpp-bigkernels-summary", [PY, "bench/cdmpp_bigkernels.py", "--summary"], 0.1),
+    ("cdmpp-bigkernels-multi", [PY, "bench/cdmpp_bigkernels.py", "--also-train", "local-1t,local-2t",
+                                "--out", "bench/results/cdmpp_bigkernels_multi.jsonl"], 30),
+    ("cdmpp-bigkernels-multi-summary", [PY, "bench/cdmpp_bigkernels.py", "--summary",
+                                        "--out", "bench/results/cdmpp_bigkernels_multi.jsonl"], 0.1),
     ("cdmpp-gpu-predict-check", [PY, "bench/cdmpp_gpu_predict_check.py", "--holdout"], 25),
     ("codl-predictor", [PY, "bench/codl_predictor.py"], 5),
     ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),

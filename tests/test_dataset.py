@@ -165,6 +165,22 @@ def test_second_pass_times_only_what_an_export_lacks(tmp_path):
         D.timed_programs(tmp_path)
 
 
+def test_programs_over_the_time_cap_join_the_dataset():
+    """data/cdmpp-big-zen4 (`collect --exclude-data data/cdmpp --max-kernel-ms 2000` on the Zen 4 VM):
+    programs the dataset skipped as slower than 0.1 s, none of them a program it timed, loading as
+    more records of its zen4 domains."""
+    big_dir = D.default_data_dir().parent / "cdmpp-big-zen4"
+    ds = _committed_or_skip()
+    if not (big_dir / "records.parquet").exists():
+        pytest.skip("data/cdmpp-big-zen4 not available")
+    big = D.load_dataset(big_dir)
+    assert set(big.records["device"]) == {"zen4-1t", "zen4-2t"}
+    assert (big.records["latency_s"] > 0.1).mean() > 0.5 and big.records["flops"].min() >= 1e8
+    assert not D.timed_programs(big_dir) & D.timed_programs(D.default_data_dir())
+    both = D.load_dataset(f"{D.default_data_dir()},{big_dir}")
+    assert len(both.records) == len(ds.records) + len(big.records)
+
+
 def test_new_tasks_of_a_known_domain_load_with_the_dataset():
     """data/cdmpp-datamove-zen4 (datamove-grid collected on the Zen 4 VM, `collect --prefix zen4`)
     joins the dataset's zen4 domains: different programs, so both parts' records stay, under the
