@@ -242,6 +242,34 @@ def test_cpu_checks_from_several_hosts_are_pooled_per_host(tmp_path):
     assert (tmp_path / "check.png").stat().st_size > 10_000
 
 
+def test_big_kernel_study_scores_the_checked_kernels_in_order():
+    """bench/cdmpp_bigkernels.py --summary on its committed runs: the rows' per-kernel ratios line up
+    with the Zen 4 check's timed kernels (the shipped model's pooled MAPE comes out as the check's
+    own), the big kernels are those over 0.1 s, and every arm names how many it trained on."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    from tensorplan.predict.cdmpp import regression_metrics
+    path = Path(__file__).resolve().parents[1] / "bench" / "cdmpp_bigkernels.py"
+    spec = importlib.util.spec_from_file_location("cdmpp_bigkernels", path)
+    bk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bk)
+    jsonl = path.parent / "results" / "cdmpp_bigkernels.jsonl"
+    s = bk.summarize(jsonl, bk.CHECK)
+    lines = [json.loads(x) for x in bk.CHECK.read_text().splitlines() if x.strip()]
+    ks = [k for r in lines if r["host"] == s["host"] for k in r["kernels"] if k.get("measured_us")]
+    meas = np.array([k["measured_us"] for k in ks])
+    want = regression_metrics(np.array([k["predicted_us"] for k in ks]), meas)
+    assert s["shipped_pooled"]["kernel_mape_pct"] == pytest.approx(want["mape_pct"])
+    assert sum(v["big_kernels"] for v in s["shipped"].values()) == int((meas > 1e5).sum()) > 0
+    for model in ("xgboost-hier", "cdmpp-nocmd-parts"):
+        without, with_ = s["models"][model]["without"], s["models"][model]["with"]
+        assert with_["train_records_over_cap"] > 10 * max(1, without["train_records_over_cap"])
+        assert with_["networks"]["segformer-b0"]["tasks_in_training"] == 0      # held out in both arms
+
+
 def test_a_corrupt_model_file_is_one_clear_error(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a protobuf at all")
