@@ -163,6 +163,10 @@ def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
         assert (r["warning"] is not None and "learnt 'local-1t' on another machine" in r["warning"]) == warned
     # and it says which figures differ, in natural units
     assert "peak_gflops" in r["warning"] and "mem_bw_gbs" in r["warning"]
+    # a model that learnt this CPU as another domain (zen4-1t) predicts it in-domain: no warning
+    est.domain_features_ = {"local-1t": list(map(float, np.asarray(here) * 1.5)), "zen4-1t": list(map(float, here))}
+    r = predict_network("tiny-mlp", device="local-1t", weights=str(est.save(tmp_path / "both.pt")))
+    assert r["warning"] is None and r["same_device_as"] == "zen4-1t"
 
 
 def test_device_feature_differences_name_the_figures_that_moved():

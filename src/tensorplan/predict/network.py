@@ -268,11 +268,13 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     warning = None
     learnt_all = getattr(est, "domain_features_", None) or {}
     learnt = learnt_all.get(dom)
-    here = device_features(dom) if learnt is None and learnt_all else None
-    # a catalog name for hardware the model learnt under another name (h100-sxm is the 'h100' measured)
-    same_as = next((d for d, v in learnt_all.items() if here is not None and np.allclose(v, here, rtol=0.05)), None)
-    diff = feature_differences(learnt, device_features(dom)) if learnt is not None else []
-    if diff:
+    here = device_features(dom)
+    diff = feature_differences(learnt, here) if learnt is not None else []
+    # hardware the model learnt under another name: a catalog name (h100-sxm is the 'h100' measured),
+    # or this CPU when the model learnt it as another domain than the `local-*` one it resolves to
+    same_as = (next((d for d, v in learnt_all.items() if d != dom and np.allclose(v, here, rtol=0.05)), None)
+               if learnt is None or diff else None)
+    if diff and same_as is None:
         warning = (f"zero-shot: the model learnt '{dom}' on another machine (its device vector differs from what "
                    f"'{dom}' resolves to here: {', '.join(diff)}); on a new CPU such predictions were off by "
                    "40-70 % (MAPE) in docs/cdmpp.md. Run `tensorplan calibrate` here (minutes) and predict again.")

@@ -1,0 +1,149 @@
+"""Which data should the shipped model learn: the collection CPU's, or every CPU's the repo holds?
+
+Why: the shipped model (`predict/weights/cdmpp-local.pt`) learns the Zen 5 collection CPU's two
+domains (`local-1t/2t`). The repo also holds a second CPU's records: the Zen 4 domains
+(`zen4-1t/2t` in data/cdmpp), the programs over the 0.1 s cap (data/cdmpp-big-zen4) and the
+data-movement grid (data/cdmpp-datamove-zen4). A user on a Zen 4 machine then predicts in a domain
+the model learnt, and the big records teach it the untuned big convolutions that dominate YOLOv4 and
+segformer-b0 (docs/cdmpp.md, *Programs over the 0.1 s cap*). The risks: the collection CPU's own
+figures get worse, and so does a CPU neither arm learnt (more source CPUs made CDMPP's zero-shot
+worse before, *One source domain or several*).
+
+Each model and seed trains twice, on the same networks (the `--holdout` networks' tasks left out
+of both arms):
+  collection   local-1t, local-2t of data/cdmpp
+  all-cpus     the same + zen4-1t, zen4-2t of data/cdmpp, data/cdmpp-big-zen4, data/cdmpp-datamove-zen4
+and each is scored three ways:
+  heldout      the held-out networks' unseen kernels on the collection CPU (stable records)
+  gpuhost-*    a third CPU neither arm learnt: the GPU machine's Xeon at 1 and 16 threads
+               (every stable record; a zero-shot device)
+  check        every kernel's default schedule of the nine networks that `cdmpp_predict_check.py`
+               timed on this host (`--host`), predicted with this host's own device vector, as
+               `tensorplan predict --device local` does (the host must be of that CPU type)
+One JSON line per (arm, model, seed), appended when done (resumable); `--summary` writes medians.
+
+    python bench/cdmpp_ship_data.py              # ~30 min on a 2-core VM (six 240 s CDMPPs)
+    python bench/cdmpp_ship_data.py --summary    # -> bench/results/cdmpp_ship_data.json
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import typer
+
+from cdmpp_bigkernels import BIG_S, CHECK, _rows, checked_kernels, network_arrays, score
+
+OUT = Path("bench/results/cdmpp_ship_data.jsonl")
+ARMS = {"collection": ("data/cdmpp", ["local-1t", "local-2t"]),
+        "all-cpus": ("data/cdmpp,data/cdmpp-big-zen4,data/cdmpp-datamove-zen4",
+                     ["local-1t", "local-2t", "zen4-1t", "zen4-2t"])}
+ZERO_SHOT = ["gpuhost-1t", "gpuhost-16t"]
+STABLE = {"max_cov": 0.01, "metric": "mad"}
+
+
+def _metrics(est, ds) -> dict:
+    from tensorplan.predict.cdmpp import as_arrays, regression_metrics
+    arr = as_arrays(ds)
+    m = regression_metrics(np.asarray(est.predict(arr)), arr.latency_s)
+    return {k: m[k] for k in ("mape_pct", "median_ape_pct", "acc10_pct", "acc20_pct")} | {"records": len(ds)}
+
+
+def _pooled(nets: dict) -> dict:
+    """Kernel MAPE over every checked kernel, under and over the 0.1 s cap."""
+    r = np.concatenate([v["pred_over_meas"] for v in nets.values()])
+    m = np.concatenate([v["measured_s"] for v in nets.values()])
+    ape = 100 * np.abs(r - 1)
+    return {"kernel_mape_pct": float(ape.mean()), "kernel_median_ape_pct": float(np.median(ape)),
+            "small_kernel_mape_pct": float(ape[m <= BIG_S].mean()), "big_kernel_mape_pct": float(ape[m > BIG_S].mean()),
+            "kernels": int(len(r))}
+
+
+def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: float, host: str, out: Path) -> None:
+    from tensorplan.devices.detect import cpu_info
+    from tensorplan.predict import evaluate as E
+    from tensorplan.predict.cdmpp import train
+    from tensorplan.predict.dataset import load_dataset
+
+    here = cpu_info()["model"]
+    if here != host:
+        raise SystemExit(f"this host is '{here}', the check's kernels were timed on '{host}': the 'check' score "
+                         "predicts with this host's device vector, so run it on that CPU type (or pass --host)")
+    measured = checked_kernels(CHECK, host)
+    everything = load_dataset(ARMS["all-cpus"][0]).filter_stable(**STABLE)
+    _, test = everything.split(kind="network", holdout=holdout)
+    tests = {"heldout": test.only_devices(ARMS["collection"][1])} | {d: everything.only_devices([d]) for d in ZERO_SHOT}
+    arrays = network_arrays(list(measured), "local-2t", None)        # this host's own device vector
+    done = {(r["arm"], r["model"], r["seed"]) for r in _rows(out)}
+    for arm, (data, devices) in ARMS.items():
+        tr_ds, _ = load_dataset(data).only_devices(devices).split(kind="network", holdout=holdout)
+        seen = set(tr_ds.records["task_key"])
+        for seed in seeds:
+            for name in models:
+                if (arm, name, seed) in done:
+                    continue
+                est, info = train(tr_ds, seed=seed,
+                                  make=lambda s, name=name: E.make_model(name, time_scale=time_scale, seed=s))
+                nets = {}
+                for net, (keys, calls, arr) in arrays.items():
+                    nets[net] = score(np.asarray(est.predict(arr)), keys, calls, measured[net], seen)
+                    nets[net]["measured_s"] = [measured[net][k]["measured_us"] * 1e-6 for k in keys if k in measured[net]]
+                row = {"arm": arm, "model": name, "seed": seed, "devices": devices, "data": data, "holdout": holdout,
+                       "host": host, "train_records": info["records"], "train_s": info["train_time_s"],
+                       "scores": {k: _metrics(est, t) for k, t in tests.items()},
+                       "check": _pooled(nets), "networks": {n: {k: v for k, v in s.items() if k != "measured_s"}
+                                                             for n, s in nets.items()}}
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"{arm} {name} seed {seed}: " + ", ".join(f"{k} {v['mape_pct']:.1f}%" for k, v in row["scores"].items())
+                      + f", check kernels {row['check']['kernel_mape_pct']:.1f}%; "
+                      + ", ".join(f"{n} {v['total_ratio']:.2f}x" for n, v in nets.items()), flush=True)
+
+
+def summarize(path: Path) -> dict:
+    """Per (model, arm): medians over seeds of every score, the check's pooled kernel figures and
+    each network's predicted / measured total."""
+    groups: dict = {}
+    for r in _rows(path):
+        groups.setdefault(r["model"], {}).setdefault(r["arm"], []).append(r)
+    med = statistics.median
+    out = {"host": next(iter(_rows(path)), {}).get("host"), "models": {}}
+    for model, arms in groups.items():
+        for arm, rs in arms.items():
+            out["models"].setdefault(model, {})[arm] = {
+                "seeds": sorted(r["seed"] for r in rs), "train_records": rs[0]["train_records"],
+                "scores": {k: {m: med(r["scores"][k][m] for r in rs) for m in rs[0]["scores"][k]}
+                           for k in rs[0]["scores"]},
+                "check": {m: med(r["check"][m] for r in rs) for m in rs[0]["check"]},
+                "total_ratio": {n: med(r["networks"][n]["total_ratio"] for r in rs) for n in rs[0]["networks"]}}
+    return out
+
+
+def main(holdout: str = typer.Option("efficientvit-b1,tiny-mlp,mobilenet-v2,segformer-b0",
+                                     help="Networks whose tasks neither arm trains on (the harness's three + segformer-b0)."),
+         models: str = typer.Option("xgboost-hier,cdmpp-nocmd-parts", help="Harness models."),
+         seeds: str = typer.Option("0,1,2", help="Seeds."),
+         time_scale: float = typer.Option(1.0, help="Multiply the models' training budgets."),
+         host: str = typer.Option("AMD EPYC (family 25, model 17)", help="The predict check's host (this CPU type)."),
+         out: Path = typer.Option(OUT, help="JSONL, one line per (arm, model, seed); resumable."),
+         summary: bool = typer.Option(False, "--summary", help="Print and write the summary JSON.")) -> None:
+    """Train on the collection CPU's data or on every CPU's, and score both where users predict."""
+    if not summary:
+        run([h for h in holdout.split(",") if h], [m for m in models.split(",") if m],
+            [int(x) for x in seeds.split(",") if x], time_scale, host, out)
+    s = summarize(out)
+    out.with_suffix(".json").write_text(json.dumps(s, indent=1))
+    for model, arms in s["models"].items():
+        for arm, x in arms.items():
+            print(f"{model:>18} {arm:>10} ({x['train_records']} records): "
+                  + ", ".join(f"{k} {v['mape_pct']:.1f}% ({v['median_ape_pct']:.1f})" for k, v in x["scores"].items())
+                  + f"; check {x['check']['kernel_mape_pct']:.1f}% (small {x['check']['small_kernel_mape_pct']:.1f}, "
+                  f"big {x['check']['big_kernel_mape_pct']:.1f}); "
+                  + ", ".join(f"{n} {v:.2f}x" for n, v in x["total_ratio"].items()))
+
+
+if __name__ == "__main__":
+    typer.run(main)
