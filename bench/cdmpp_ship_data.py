@@ -131,6 +131,9 @@ def score_weights(weights: Path, label: str, holdout: list[str], host: str, out:
 
     if cpu_info()["model"] != host:
         raise SystemExit(f"the check's kernels were timed on '{host}'; run this on that CPU type")
+    if any(r["arm"] == label and r["model"] == "weights" for r in _rows(out)):
+        print(f"{out} already scores weights '{label}'; delete that line to score them again")
+        return
     measured = checked_kernels(CHECK, host)
     everything = load_dataset(ARMS["all-cpus"][0]).filter_stable(**STABLE)
     _, test = everything.split(kind="network", holdout=holdout)

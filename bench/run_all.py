@@ -89,6 +89,11 @@ STEPS: list[tuple[str, list[str], float]] = [
                                 "--out", "bench/results/cdmpp_bigkernels_multi.jsonl"], 30),
     ("cdmpp-bigkernels-multi-summary", [PY, "bench/cdmpp_bigkernels.py", "--summary",
                                         "--out", "bench/results/cdmpp_bigkernels_multi.jsonl"], 0.1),
+    # the shipped model's training data: the collection CPU's alone, or with the Zen 4 VM's records
+    # (its 'check' predicts with this host's device vector, so it runs on a Zen 4 host only)
+    ("cdmpp-ship-data", [PY, "bench/cdmpp_ship_data.py"], 30),
+    ("cdmpp-ship-data-shipped", [PY, "bench/cdmpp_ship_data.py", "--weights",
+                                 "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-2026-11-25"], 3),
     ("cdmpp-gpu-predict-check", [PY, "bench/cdmpp_gpu_predict_check.py", "--holdout"], 25),
     ("codl-predictor", [PY, "bench/codl_predictor.py"], 5),
     ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),

@@ -274,6 +274,37 @@ def test_big_kernel_study_scores_the_checked_kernels_in_order():
         assert with_["networks"]["segformer-b0"]["tasks_in_training"] == 0      # held out in both arms
 
 
+def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
+    """bench/cdmpp_ship_data.py on its committed runs: the line of the weights shipped on 2026-11-24
+    reproduces that model's own Zen 4 check (same kernels, same order), the line of the current
+    weights names the domains the packaged model learnt, and both arms ran the same seeds."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    from tensorplan.predict.cdmpp import load_shipped, regression_metrics
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))                 # it imports cdmpp_bigkernels
+    spec = importlib.util.spec_from_file_location("cdmpp_ship_data", bench / "cdmpp_ship_data.py")
+    sd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sd)
+    s = sd.summarize(bench / "results" / "cdmpp_ship_data.jsonl")
+    lines = [json.loads(x) for x in sd.CHECK.read_text().splitlines() if x.strip()]
+    ks = [k for r in lines if r["host"] == s["host"] for k in r["kernels"] if k.get("measured_us")]
+    want = regression_metrics(np.array([k["predicted_us"] for k in ks]), np.array([k["measured_us"] for k in ks]))
+    old, new = s["models"]["weights"]["shipped-2026-11-24"], s["models"]["weights"]["shipped-2026-11-25"]
+    assert old["check"]["kernels"] == len(ks) and old["check"]["kernel_mape_pct"] == pytest.approx(want["mape_pct"])
+    assert 0 < new["check_unlabelled"]["kernels"] < new["check"]["kernels"]
+    rows = [json.loads(x) for x in (bench / "results" / "cdmpp_ship_data.jsonl").read_text().splitlines()]
+    current = [r for r in rows if r["arm"] == "shipped-2026-11-25"][0]
+    assert sorted(current["devices"]) == sorted(load_shipped().domains_) and "zen4-2t" in current["devices"]
+    for model in ("xgboost-hier", "cdmpp-nocmd-parts"):
+        arms = s["models"][model]
+        assert arms["collection"]["seeds"] == arms["all-cpus"]["seeds"] == [0, 1, 2]
+        assert arms["all-cpus"]["train_records"] > arms["collection"]["train_records"]
+
+
 def test_a_corrupt_model_file_is_one_clear_error(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a protobuf at all")
