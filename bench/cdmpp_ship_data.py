@@ -64,6 +64,30 @@ def _pooled(nets: dict, keep: str | None = None) -> dict:
             "kernels": int(len(r))}
 
 
+def _test_sets(holdout: list[str]) -> dict:
+    """The held-out networks' unseen kernels on the collection CPU, and the zero-shot CPU's records."""
+    from tensorplan.predict.dataset import load_dataset
+    everything = load_dataset(ARMS["all-cpus"][0]).filter_stable(**STABLE)
+    _, test = everything.split(kind="network", holdout=holdout)
+    return {"heldout": test.only_devices(ARMS["collection"][1])} | {d: everything.only_devices([d]) for d in ZERO_SHOT}
+
+
+def _check(est, arrays: dict, measured: dict, seen: set | None = None, labelled: set | None = None) -> dict:
+    """Each checked network scored (`score`), with its kernels' times and whether each one's program
+    has a Zen 4 label (`labelled`) in the order of `pred_over_meas`."""
+    nets = {}
+    for net, (keys, calls, arr) in arrays.items():
+        nets[net] = score(np.asarray(est.predict(arr)), keys, calls, measured[net], seen)
+        ks = [measured[net][k] for k in keys if k in measured[net]]
+        nets[net]["measured_s"] = [k["measured_us"] * 1e-6 for k in ks]
+        nets[net]["unlabelled"] = np.array([(k["key"], k["sample"]) not in (labelled or set()) for k in ks], bool)
+    return nets
+
+
+def _public(nets: dict) -> dict:
+    return {n: {k: v for k, v in s.items() if k not in ("measured_s", "unlabelled")} for n, s in nets.items()}
+
+
 def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: float, host: str, out: Path) -> None:
     from tensorplan.devices.detect import cpu_info
     from tensorplan.predict import evaluate as E
@@ -75,9 +99,7 @@ def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: flo
         raise SystemExit(f"this host is '{here}', the check's kernels were timed on '{host}': the 'check' score "
                          "predicts with this host's device vector, so run it on that CPU type (or pass --host)")
     measured = checked_kernels(CHECK, host)
-    everything = load_dataset(ARMS["all-cpus"][0]).filter_stable(**STABLE)
-    _, test = everything.split(kind="network", holdout=holdout)
-    tests = {"heldout": test.only_devices(ARMS["collection"][1])} | {d: everything.only_devices([d]) for d in ZERO_SHOT}
+    tests = _test_sets(holdout)
     arrays = network_arrays(list(measured), "local-2t", None)        # this host's own device vector
     done = {(r["arm"], r["model"], r["seed"]) for r in _rows(out)}
     for arm, (data, devices) in ARMS.items():
@@ -89,15 +111,11 @@ def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: flo
                     continue
                 est, info = train(tr_ds, seed=seed,
                                   make=lambda s, name=name: E.make_model(name, time_scale=time_scale, seed=s))
-                nets = {}
-                for net, (keys, calls, arr) in arrays.items():
-                    nets[net] = score(np.asarray(est.predict(arr)), keys, calls, measured[net], seen)
-                    nets[net]["measured_s"] = [measured[net][k]["measured_us"] * 1e-6 for k in keys if k in measured[net]]
+                nets = _check(est, arrays, measured, seen)
                 row = {"arm": arm, "model": name, "seed": seed, "devices": devices, "data": data, "holdout": holdout,
                        "host": host, "train_records": info["records"], "train_s": info["train_time_s"],
                        "scores": {k: _metrics(est, t) for k, t in tests.items()},
-                       "check": _pooled(nets), "networks": {n: {k: v for k, v in s.items() if k != "measured_s"}
-                                                             for n, s in nets.items()}}
+                       "check": _pooled(nets), "networks": _public(nets)}
                 out.parent.mkdir(parents=True, exist_ok=True)
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -127,7 +145,6 @@ def score_weights(weights: Path, label: str, holdout: list[str], host: str, out:
     users get, not generalisation; the `gpuhost-*` CPUs it never learnt stay zero-shot."""
     from tensorplan.devices.detect import cpu_info
     from tensorplan.predict.cdmpp import load_estimator
-    from tensorplan.predict.dataset import load_dataset
 
     if cpu_info()["model"] != host:
         raise SystemExit(f"the check's kernels were timed on '{host}'; run this on that CPU type")
@@ -135,22 +152,14 @@ def score_weights(weights: Path, label: str, holdout: list[str], host: str, out:
         print(f"{out} already scores weights '{label}'; delete that line to score them again")
         return
     measured = checked_kernels(CHECK, host)
-    everything = load_dataset(ARMS["all-cpus"][0]).filter_stable(**STABLE)
-    _, test = everything.split(kind="network", holdout=holdout)
-    tests = {"heldout": test.only_devices(ARMS["collection"][1])} | {d: everything.only_devices([d]) for d in ZERO_SHOT}
+    tests = _test_sets(holdout)
     est = load_estimator(weights)
-    labelled = _zen4_labelled(ARMS["all-cpus"][0])
-    nets = {}
-    for net, (keys, calls, arr) in network_arrays(list(measured), "local-2t", None).items():
-        nets[net] = score(np.asarray(est.predict(arr)), keys, calls, measured[net])
-        ks = [measured[net][k] for k in keys if k in measured[net]]
-        nets[net]["measured_s"] = [k["measured_us"] * 1e-6 for k in ks]
-        nets[net]["unlabelled"] = np.array([(k["key"], k["sample"]) not in labelled for k in ks], bool)
+    nets = _check(est, network_arrays(list(measured), "local-2t", None), measured,
+                  labelled=_zen4_labelled(ARMS["all-cpus"][0]))
     row = {"arm": label, "model": "weights", "seed": 0, "weights": str(weights), "host": host, "holdout": holdout,
            "devices": list(getattr(est, "domains_", []) or []), "train_records": None,
            "scores": {k: _metrics(est, t) for k, t in tests.items()}, "check": _pooled(nets),
-           "check_unlabelled": _pooled(nets, "unlabelled"),
-           "networks": {n: {k: v for k, v in s.items() if k not in ("measured_s", "unlabelled")} for n, s in nets.items()}}
+           "check_unlabelled": _pooled(nets, "unlabelled"), "networks": _public(nets)}
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
 
