@@ -85,10 +85,15 @@ def score(pred_s: np.ndarray, keys: list[str], calls: np.ndarray, measured: dict
             "pred_over_meas": [float(x) for x in p / m]}
 
 
-def run(extra: str, devices: list[str], also: list[str], holdout: list[str], models: list[str], seeds: list[int],
-        time_scale: float, check: Path, host: str, dom: str, out: Path) -> None:
+def train_model(tr_ds, name: str, seed: int, time_scale: float):
+    """One harness model (`evaluate.make_model`) trained on `tr_ds` -> (estimator, train info)."""
     from tensorplan.predict import evaluate as E
     from tensorplan.predict.cdmpp import train
+    return train(tr_ds, seed=seed, make=lambda s: E.make_model(name, time_scale=time_scale, seed=s))
+
+
+def run(extra: str, devices: list[str], also: list[str], holdout: list[str], models: list[str], seeds: list[int],
+        time_scale: float, check: Path, host: str, dom: str, out: Path) -> None:
     from tensorplan.predict.dataset import load_dataset
 
     measured = checked_kernels(check, host)
@@ -102,8 +107,7 @@ def run(extra: str, devices: list[str], also: list[str], holdout: list[str], mod
             for name in models:
                 if (name, seed, with_big) in done:
                     continue
-                est, info = train(tr_ds, seed=seed,
-                                  make=lambda s, name=name: E.make_model(name, time_scale=time_scale, seed=s))
+                est, info = train_model(tr_ds, name, seed, time_scale)
                 if arrays is None:
                     arrays = network_arrays(list(measured), dom, raw.devices)
                 nets = {}

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from cdmpp_bigkernels import BIG_S, CHECK, _rows, checked_kernels, network_arrays, score
+from cdmpp_bigkernels import BIG_S, CHECK, _rows, checked_kernels, network_arrays, score, train_model
 
 OUT = Path("bench/results/cdmpp_ship_data.jsonl")
 ARMS = {"collection": ("data/cdmpp", ["local-1t", "local-2t"]),
@@ -90,8 +90,6 @@ def _public(nets: dict) -> dict:
 
 def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: float, host: str, out: Path) -> None:
     from tensorplan.devices.detect import cpu_info
-    from tensorplan.predict import evaluate as E
-    from tensorplan.predict.cdmpp import train
     from tensorplan.predict.dataset import load_dataset
 
     here = cpu_info()["model"]
@@ -109,8 +107,7 @@ def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: flo
             for name in models:
                 if (arm, name, seed) in done:
                     continue
-                est, info = train(tr_ds, seed=seed,
-                                  make=lambda s, name=name: E.make_model(name, time_scale=time_scale, seed=s))
+                est, info = train_model(tr_ds, name, seed, time_scale)
                 nets = _check(est, arrays, measured, seen)
                 row = {"arm": arm, "model": name, "seed": seed, "devices": devices, "data": data, "holdout": holdout,
                        "host": host, "train_records": info["records"], "train_s": info["train_time_s"],
