@@ -94,6 +94,13 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-ship-data", [PY, "bench/cdmpp_ship_data.py"], 30),
     ("cdmpp-ship-data-shipped", [PY, "bench/cdmpp_ship_data.py", "--weights",
                                  "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-2026-11-25"], 3),
+    # whole-network totals as the kernels' sum or times the validation mean measured / predicted
+    # (predict/totals.py): leave each network out with the factor measured, then the summary
+    ("cdmpp-network-totals-0", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-hier,cdmpp-nocmd-parts",
+                                "--shard", "0/2", "--out", "bench/results/cdmpp_by_network_totals.jsonl"], 35),
+    ("cdmpp-network-totals-1", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-hier,cdmpp-nocmd-parts",
+                                "--shard", "1/2", "--out", "bench/results/cdmpp_by_network_totals.jsonl"], 35),
+    ("cdmpp-network-totals", [PY, "bench/cdmpp_network_totals.py"], 3),
     ("cdmpp-gpu-predict-check", [PY, "bench/cdmpp_gpu_predict_check.py", "--holdout"], 25),
     ("codl-predictor", [PY, "bench/codl_predictor.py"], 5),
     ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),

@@ -323,6 +323,12 @@ def test_network_latency_three_picks_and_regret(cdmpp_small):
     worst, best = sum(slow.max()[k] for k in a), sum(slow.min()[k] for k in a)
     assert set(k for k in rev["picked"] if not k.startswith("_")) == {"net-a@local-1t", "net-b@local-1t"}
     assert rev["picked"]["net-a@local-1t"]["regret_pct"] == pytest.approx(100 * (worst / best - 1))
+    # a model predicting half of every latency, with its measured factor 2: the expected totals are exact
+    half = _network_errors(_FromLabels(lambda y, t: y / 2), data, None, None, factor=2.0)
+    for pick in half:
+        assert half[pick]["_mean_ape_pct"] == pytest.approx(50) and half[pick]["_mean_expected_ape_pct"] == pytest.approx(0, abs=1e-9)
+        assert all(e["expected_ms"] == pytest.approx(e["measured_ms"]) for k, e in half[pick].items() if not k.startswith("_"))
+    assert "_mean_expected_ape_pct" not in s["first"]     # no factor, no expected totals
     # scored entries read the same way whatever the document's age
     assert network_error({"network_latency": s}, "picked", "_mean_regret_pct") == s["picked"]["_mean_regret_pct"]
     old = {"network_latency": {"x@local-1t": {"ape_pct": 5.0}, "_mean_ape_pct": 5.0}}

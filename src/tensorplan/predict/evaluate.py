@@ -33,6 +33,7 @@ from ..errors import TensorplanError
 from .calibrate import Calibrated
 from .cdmpp import (CDMPP, Estimator, ProgramArrays, as_arrays, device_features, regression_metrics,
                     within_task_spearman)
+from .totals import mean_factor
 
 DEFAULT_MODELS = ("cdmpp", "cdmpp-nocmd", "cdmpp-parts", "cdmpp-nocmd-parts", "cdmpp-parts-leaf", "xgboost",
                   "xgboost-hier", "mlp", "tlp", "roofline", "cdmpp-parts-leaf+xgboost-hier")
@@ -211,12 +212,14 @@ NETWORK_PICKS = {
 
 
 def _network_errors(model: Estimator, data: EvalData, networks: Sequence[str] | None,
-                    devices: Sequence[str] | None) -> dict[str, dict]:
+                    devices: Sequence[str] | None, factor: float | None = None) -> dict[str, dict]:
     """Predicted vs measured whole-network latency, one entry per way of choosing each task's
     program (`NETWORK_PICKS`) -> {pick: {"net@dev": {measured_ms, predicted_ms, ape_pct}, ...,
     "_mean_ape_pct"}}. "first" and "picked" entries also carry the regret: how much slower the
     measured network of those programs is than that of the fastest ones (for "first", the regret of
-    a label-free pick, the yardstick for the model's).
+    a label-free pick, the yardstick for the model's). With `factor` (`totals.mean_factor` on the
+    validation records) every entry also has the expected total, predicted_ms * factor, and its
+    error (expected_ms, expected_ape_pct, "_mean_expected_ape_pct").
 
     Why three: choosing the fastest program by its label selects the program the model most
     likely over-predicts (any model shrinks the within-task spread), so "fastest" is biased
@@ -250,12 +253,16 @@ def _network_errors(model: Estimator, data: EvalData, networks: Sequence[str] | 
                 meas = sum(n * yp[(k, dev)][0] for k, n in tk.items())
                 pred = sum(n * yp[(k, dev)][1] for k, n in tk.items())
                 e = {"measured_ms": 1e3 * meas, "predicted_ms": 1e3 * pred, "ape_pct": 100 * abs(pred - meas) / meas}
+                if factor is not None:
+                    e |= {"expected_ms": 1e3 * pred * factor, "expected_ape_pct": 100 * abs(pred * factor - meas) / meas}
                 if pick != "fastest":
                     e["regret_pct"] = 100 * (meas / sum(n * best[(k, dev)] for k, n in tk.items()) - 1)
                 out[pick][f"{net}@{dev}"] = e
         ent = list(out[pick].values())
         if ent:
             out[pick]["_mean_ape_pct"] = float(np.mean([v["ape_pct"] for v in ent]))
+            if factor is not None:
+                out[pick]["_mean_expected_ape_pct"] = float(np.mean([v["expected_ape_pct"] for v in ent]))
             if pick != "fastest":
                 out[pick]["_mean_regret_pct"] = float(np.mean([v["regret_pct"] for v in ent]))
     return out
@@ -355,7 +362,9 @@ def _fit_and_score(name: str, data: EvalData, split: tuple, target, networks: Se
     m = _score(mdl, te)
     m["train_time_s"] = tt
     m["predict_per_s"] = _throughput(mdl, te)
-    m["network_latency"] = _network_errors(mdl, data, networks, None)
+    # sums of kernels want each kernel's mean latency: the factor measured on the validation records
+    m["total_factor"] = mean_factor(mdl.predict(va), va.latency_s) if va is not None and len(va) else None
+    m["network_latency"] = _network_errors(mdl, data, networks, None, m["total_factor"])
     return m
 
 
