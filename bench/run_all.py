@@ -93,7 +93,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     # (its 'check' predicts with this host's device vector, so it runs on a Zen 4 host only)
     ("cdmpp-ship-data", [PY, "bench/cdmpp_ship_data.py"], 30),
     ("cdmpp-ship-data-shipped", [PY, "bench/cdmpp_ship_data.py", "--weights",
-                                 "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-2026-11-25"], 3),
+                                 "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-2026-11-25-4x900"], 3),
     # whole-network totals as the kernels' sum or times the validation mean measured / predicted
     # (predict/totals.py): leave each network out with the factor measured, then the summary
     ("cdmpp-network-totals-0", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-hier,cdmpp-nocmd-parts",

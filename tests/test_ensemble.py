@@ -143,3 +143,18 @@ def test_finetune_device_adapts_the_shipped_model(cdmpp_small, tmp_path):
     assert type(tuned) is type(shipped)
     test = as_arrays(cdmpp_small["target"])
     assert not np.allclose(tuned.predict(test), shipped.predict(test))   # the weights moved
+
+
+def test_members_trained_side_by_side_equal_those_trained_in_turn(cdmpp_small):
+    """`train(members=2, workers=2)` fits the two CDMPPs in forked processes at once: each comes back
+    with its history and predicts exactly what the same seed predicts when the members train in turn."""
+    from tensorplan.predict.cdmpp import train
+
+    kw = dict(members=2, epochs=2, batch_size=64, max_cov=0.25)
+    serial, a = train(cdmpp_small["ds"], workers=1, **kw)
+    forked, b = train(cdmpp_small["ds"], workers=2, **kw)
+    assert a["epochs_run"] == b["epochs_run"] == [2, 2]
+    assert [m.seed for m in forked.members] == [0, 1]
+    x = as_arrays(cdmpp_small["test"])
+    assert np.array_equal(serial.predict(x), forked.predict(x))
+    assert not np.array_equal(forked.members[0].predict(x), forked.members[1].predict(x))   # two seeds, two models

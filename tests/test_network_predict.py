@@ -297,7 +297,7 @@ def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
     assert old["check"]["kernels"] == len(ks) and old["check"]["kernel_mape_pct"] == pytest.approx(want["mape_pct"])
     assert 0 < new["check_unlabelled"]["kernels"] < new["check"]["kernels"]
     rows = [json.loads(x) for x in (bench / "results" / "cdmpp_ship_data.jsonl").read_text().splitlines()]
-    current = [r for r in rows if r["arm"] == "shipped-2026-11-25"][0]
+    current = [r for r in rows if r["arm"] == "shipped-2026-11-25-4x900"][0]
     assert sorted(current["devices"]) == sorted(load_shipped().domains_) and "zen4-2t" in current["devices"]
     for model in ("xgboost-hier", "cdmpp-nocmd-parts"):
         arms = s["models"][model]

@@ -54,11 +54,14 @@ def register(app: typer.Typer) -> None:
         max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds (per member)."),
         members: int = typer.Option(1, "--members", help="Train an ensemble of this many seeds (>= 2): "
                                     "averaged predictions and a per-kernel spread."),
+        workers: int = typer.Option(0, "--workers", help="Ensemble members trained at once, one CPU each "
+                                    "(0: every CPU this process may use); each keeps its --max-time."),
         max_spread: float = typer.Option(0.01, "--max-spread", help="Keep records whose repeat spread is <= this."),
         stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Train CDMPP (or --model) on the measured dataset (stable records) and save it."""
+        from ..forkmap import default_workers
         from ..paths import cache_dir
         from ..predict.cdmpp import SHIPPED_MODEL, train
         from ..predict.evaluate import make_model
@@ -80,7 +83,8 @@ def register(app: typer.Typer) -> None:
         dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / f"{model}.pt")
         _, info = train(data, devices=devices.split(",") if devices else None, out=dest, epochs=epochs,
                         max_time_s=max_time, max_cov=max_spread, stability=stability, members=members,
-                        make=make, parts_input=parts, leaf_experts=leaf_experts, w_rank=rank)
+                        make=make, parts_input=parts, leaf_experts=leaf_experts, w_rank=rank,
+                        workers=workers or default_workers())
         if json_out:
             print(_dump(info))
             return

@@ -1228,7 +1228,7 @@ def resolve_domain(device: str) -> str:
 
 def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | None = None,
           max_cov: float = 0.01, stability: str = "mad", log=None, members: int = 1,
-          make: Callable[[int], Estimator] | None = None, leaf_experts: bool = False,
+          make: Callable[[int], Estimator] | None = None, leaf_experts: bool = False, workers: int = 1,
           **params) -> tuple[Estimator, dict]:
     """Train CDMPP on every stable record of `devices` (default: all) of a dataset; save to `out`.
 
@@ -1237,7 +1237,8 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     `members > 1` trains an `ensemble.Ensemble` of that many seeds (each with the full budget).
     `make(seed)` builds another estimator instead of CDMPP(**params) (e.g. a baseline from
     `evaluate.make_model`); `params` are then not used. `leaf_experts` wraps each CDMPP in
-    `leaf_experts.LeafExperts` (copies fine-tuned per common leaf count)."""
+    `leaf_experts.LeafExperts` (copies fine-tuned per common leaf count). `workers` > 1 trains that
+    many ensemble members at once (`Ensemble.fit`)."""
     from .dataset import load_dataset
 
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data
@@ -1260,12 +1261,15 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
         from .ensemble import Ensemble
 
         model = Ensemble.of(build, members, seed=seed)
-        parts = model.members
     else:
         model = build(seed)
-        parts = [model]
     t0 = time.perf_counter()
-    model.fit(arr.subset(np.flatnonzero(~val_m)), val=arr.subset(np.flatnonzero(val_m)))
+    if members > 1:
+        model.fit(arr.subset(np.flatnonzero(~val_m)), val=arr.subset(np.flatnonzero(val_m)), workers=workers)
+        parts = model.members          # after fitting: members fitted side by side come back as new objects
+    else:
+        model.fit(arr.subset(np.flatnonzero(~val_m)), val=arr.subset(np.flatnonzero(val_m)))
+        parts = [model]
     val = arr.subset(np.flatnonzero(val_m))
     model.domains_ = sorted(set(arr.device_name))  # saved with it: `predict` says when a device is not among them
     model.domain_features_ = {d: device_features(d, ds.devices).tolist() for d in model.domains_}
