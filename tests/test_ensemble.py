@@ -146,7 +146,7 @@ def test_finetune_device_adapts_the_shipped_model(cdmpp_small, tmp_path):
 
 
 def test_members_trained_side_by_side_equal_those_trained_in_turn(cdmpp_small):
-    """`train(members=2, workers=2)` fits the two CDMPPs in forked processes at once: each comes back
+    """`train(members=2, workers=2)` fits the two CDMPPs in two processes at once: each comes back
     with its history and predicts exactly what the same seed predicts when the members train in turn."""
     from tensorplan.predict.cdmpp import train
 

@@ -1238,7 +1238,8 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     `make(seed)` builds another estimator instead of CDMPP(**params) (e.g. a baseline from
     `evaluate.make_model`); `params` are then not used. `leaf_experts` wraps each CDMPP in
     `leaf_experts.LeafExperts` (copies fine-tuned per common leaf count). `workers` > 1 trains that
-    many ensemble members at once (`Ensemble.fit`)."""
+    many ensemble members at once (`Ensemble.fit`, spawned processes: a script calling this needs
+    the `if __name__ == "__main__":` guard)."""
     from .dataset import load_dataset
 
     ds = load_dataset(data) if data is None or isinstance(data, (str, Path)) else data

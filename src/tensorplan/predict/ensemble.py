@@ -57,18 +57,20 @@ class Ensemble(Estimator):
         return bool(self.members) and all(getattr(m, "adapts_by_finetune", False) for m in self.members)
 
     def fit(self, train, val=None, target=None, workers: int = 1) -> "Ensemble":
-        """Fit every member alike. `workers` > 1 fits that many members at once, each in a forked
-        process that inherits the data, when every member trains on one thread (CDMPP): each keeps
-        its own time budget, so on an idle machine K members take ceil(K / workers) budgets of wall
-        time instead of K. Other members (multi-threaded trees) train in turn."""
+        """Fit every member alike. `workers` > 1 fits that many members at once, each in its own
+        process, when every member trains on one thread (CDMPP): each keeps its own time budget, so
+        on an idle machine K members take ceil(K / workers) budgets of wall time instead of K. Other
+        members (multi-threaded trees) train in turn. The processes are spawned, not forked: a fork
+        of a process whose torch has run a multi-threaded op inherits a dead OpenMP pool and hangs."""
         self._need_members("fit")
         w = min(max(1, int(workers)), len(self.members))
         if w > 1 and all(getattr(m, "threads", 0) in (None, 1) for m in self.members):
-            from ..forkmap import fork_map
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
 
-            def job(a: int, b: int) -> list[dict]:
-                return [estimator_blob(self.members[i].fit(train, val=val, target=target)) for i in range(a, b)]
-            self.members = [estimator_from_blob(b, "ensemble") for b in fork_map(job, len(self.members), workers=w, chunk=1)]
+            with ProcessPoolExecutor(w, mp_context=mp.get_context("spawn")) as pool:
+                blobs = list(pool.map(_fit_member, [(m, train, val, target) for m in self.members]))
+            self.members = [estimator_from_blob(b, "ensemble") for b in blobs]
             return self
         for m in self.members:
             m.fit(train, val=val, target=target)
@@ -119,3 +121,9 @@ class Ensemble(Estimator):
 
     def _set_state(self, st):
         self.members = [estimator_from_blob(b, "ensemble") for b in st["members"]]
+
+
+def _fit_member(job: tuple) -> dict:
+    """One member fitted in a worker process (`Ensemble.fit`), handed back as its saved state."""
+    m, train, val, target = job
+    return estimator_blob(m.fit(train, val=val, target=target))
