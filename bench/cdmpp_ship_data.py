@@ -74,7 +74,7 @@ def _test_sets(holdout: list[str]) -> dict:
 
 def _check(est, arrays: dict, measured: dict, seen: set | None = None, labelled: set | None = None) -> dict:
     """Each checked network scored (`score`), with its kernels' times and whether each one's program
-    has a Zen 4 label (`labelled`) in the order of `pred_over_meas`."""
+    has a label of the check host's CPU type (`labelled`) in the order of `pred_over_meas`."""
     nets = {}
     for net, (keys, calls, arr) in arrays.items():
         nets[net] = score(np.asarray(est.predict(arr)), keys, calls, measured[net], seen)
@@ -121,9 +121,13 @@ def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: flo
                       + ", ".join(f"{n} {v['total_ratio']:.2f}x" for n, v in nets.items()), flush=True)
 
 
-def _zen4_labelled(data: str) -> set[tuple[str, int]]:
-    """(task key, sample index) of every program that has a Zen 4 label in `data`: a checked kernel
-    among them was timed on this CPU type for training, so the check is in-sample there."""
+# the dataset's domain prefix of each CPU type a predict check ran on
+DOMAIN_PREFIX = {"AMD EPYC (family 25, model 17)": "zen4", "AMD EPYC (family 25, model 1)": "zen3"}
+
+
+def _host_labelled(data: str, host: str) -> set[tuple[str, int]]:
+    """(task key, sample index) of every program that has a label of `host`'s CPU type in `data`: a
+    checked kernel among them was timed on this CPU type for training, so the check is in-sample there."""
     import pandas as pd
 
     from tensorplan.predict.dataset import load_dataset
@@ -131,7 +135,7 @@ def _zen4_labelled(data: str) -> set[tuple[str, int]]:
     for d in data.split(","):
         ds = load_dataset(d)
         r = ds.records.merge(pd.read_parquet(Path(d) / "programs.parquet", columns=["prog_idx", "index"]), on="prog_idx")
-        r = r[r["device"].str.startswith("zen4-")]
+        r = r[r["device"].str.startswith(f"{DOMAIN_PREFIX[host]}-")]
         out |= set(zip(r["task_key"], r["index"].astype(int)))
     return out
 
@@ -152,7 +156,7 @@ def score_weights(weights: Path, label: str, holdout: list[str], host: str, out:
     tests = _test_sets(holdout)
     est = load_estimator(weights)
     nets = _check(est, network_arrays(list(measured), "local-2t", None), measured,
-                  labelled=_zen4_labelled(ARMS["all-cpus"][0]))
+                  labelled=_host_labelled(ARMS["all-cpus"][0], host))
     row = {"arm": label, "model": "weights", "seed": 0, "weights": str(weights), "host": host, "holdout": holdout,
            "devices": list(getattr(est, "domains_", []) or []), "train_records": None,
            "scores": {k: _metrics(est, t) for k, t in tests.items()}, "check": _pooled(nets),
@@ -207,7 +211,7 @@ def main(holdout: str = typer.Option("efficientvit-b1,tiny-mlp,mobilenet-v2,segf
                   + ", ".join(f"{k} {v['mape_pct']:.1f}% ({v['median_ape_pct']:.1f})" for k, v in x["scores"].items())
                   + f"; check {x['check']['kernel_mape_pct']:.1f}% (small {x['check']['small_kernel_mape_pct']:.1f}, "
                   f"big {x['check']['big_kernel_mape_pct']:.1f}"
-                  + (f"; {x['check_unlabelled']['kernels']} without a Zen 4 label: "
+                  + (f"; {x['check_unlabelled']['kernels']} without a label of this CPU type: "
                      f"{x['check_unlabelled']['kernel_mape_pct']:.1f}%" if "check_unlabelled" in x else "") + "); "
                   + ", ".join(f"{n} {v:.2f}x" for n, v in x["total_ratio"].items()))
 
