@@ -59,6 +59,11 @@ STEPS: list[tuple[str, list[str], float]] = [
                               "--time-scale", "0.625", *args, "--out", f"bench/results/cdmpp_parts_{tag}.json"], 9)
       for tag, args in (("device", ["--devices", "local-1t,local-2t"]),
                         ("zen4", ["--source", "local-1t", "--target", "zen4-1t"]))),
+    # a third CPU as the held-out device: the Zen 3 VM's domains (docs/cdmpp.md, "A third CPU")
+    *((f"cdmpp-eval-{tag}", [TP, "evaluate", "--splits", "device", "--models", "xgboost,xgboost-hier,cdmpp,cdmpp-nocmd-parts",
+                             "--time-scale", "0.625", *args, "--target", "zen3-1t", "--out", f"bench/results/cdmpp_eval_{tag}.json"], 8)
+      for tag, args in (("zen3", ["--source", "local-1t"]),
+                        ("zen3_multi", ["--source", "local-1t,local-2t,zen4-1t,zen4-2t,gpuhost-1t,gpuhost-16t"]))),
     ("cdmpp-by-network-summary", [PY, "bench/cdmpp_by_network.py", "--summary"], 0.1),
     # whole-network picks (docs/cdmpp.md, "Whole-network latency", "Ranking schedules within a task")
     ("cdmpp-by-network-picks", [PY, "bench/cdmpp_by_network.py", "--models",
@@ -94,6 +99,12 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-ship-data", [PY, "bench/cdmpp_ship_data.py"], 30),
     ("cdmpp-ship-data-shipped", [PY, "bench/cdmpp_ship_data.py", "--weights",
                                  "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-2026-11-25-4x900"], 3),
+    # the shipped model on the Zen 3 VM's check kernels (runs on a Zen 3 host only)
+    ("cdmpp-ship-data-shipped-zen3", [PY, "bench/cdmpp_ship_data.py", "--host", "AMD EPYC (family 25, model 1)",
+                                      "--out", "bench/results/cdmpp_ship_data_zen3.jsonl", "--weights",
+                                      "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-4x900s"], 3),
+    ("cdmpp-ship-data-zen3-summary", [PY, "bench/cdmpp_ship_data.py", "--summary",
+                                      "--out", "bench/results/cdmpp_ship_data_zen3.jsonl"], 0.1),
     # whole-network totals as the kernels' sum or times the validation mean measured / predicted
     # (predict/totals.py): leave each network out with the factor measured, then the summary
     ("cdmpp-network-totals-0", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-hier,cdmpp-nocmd-parts",

@@ -305,6 +305,31 @@ def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
         assert arms["all-cpus"]["train_records"] > arms["collection"]["train_records"]
 
 
+def test_ship_data_study_on_the_zen3_host_scores_every_zen3_checked_kernel(monkeypatch):
+    """The Zen 3 scoring (`--host "AMD EPYC (family 25, model 1)"`): every line covers exactly the
+    kernels the predict check timed on a Zen 3 VM, and the programs labelled on that CPU type are the
+    ones `measure-device --prefix zen3` timed (bench/results/cdmpp_zen3_measure.json)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "bench"))
+    spec = importlib.util.spec_from_file_location("cdmpp_ship_data", root / "bench" / "cdmpp_ship_data.py")
+    sd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sd)
+    host = "AMD EPYC (family 25, model 1)"
+    s = sd.summarize(root / "bench" / "results" / "cdmpp_ship_data_zen3.jsonl")
+    assert s["host"] == host and len(s["models"]["weights"]) >= 3
+    n_checked = sum(len(v) for v in sd.checked_kernels(sd.CHECK, host).values())
+    for arm in s["models"]["weights"].values():
+        assert arm["check"]["kernels"] == n_checked > 200
+        assert arm["check_unlabelled"]["kernels"] <= n_checked
+    measured = json.loads((root / "bench" / "results" / "cdmpp_zen3_measure.json").read_text())
+    labelled = sd._host_labelled(str(root / "data" / "cdmpp"), host)
+    assert len(labelled) == measured["programs"]
+    assert labelled != sd._host_labelled(str(root / "data" / "cdmpp"), "AMD EPYC (family 25, model 17)")
+
+
 def test_a_corrupt_model_file_is_one_clear_error(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a protobuf at all")
