@@ -86,6 +86,11 @@ STEPS: list[tuple[str, list[str], float]] = [
                                       "--out", "bench/results/cdmpp_datamove_multi.jsonl"], 0.1),
     ("cdmpp-predict-check", [PY, "bench/cdmpp_predict_check.py", "--calibrate"], 25),
     ("cdmpp-predict-check-summary", [PY, "bench/cdmpp_predict_check.py", "--summary"], 0.1),
+    # the same on a Zen 3 host, into its own file (docs/cdmpp.md, "A third CPU")
+    ("cdmpp-predict-check-zen3", [PY, "bench/cdmpp_predict_check.py", "--calibrate",
+                                  "--out", "bench/results/cdmpp_predict_check_zen3.jsonl"], 12),
+    ("cdmpp-predict-check-zen3-summary", [PY, "bench/cdmpp_predict_check.py", "--summary",
+                                          "--out", "bench/results/cdmpp_predict_check_zen3.jsonl"], 0.1),
     # trains on the committed programs over the 0.1 s cap (data/cdmpp-big-zen4, Zen 4 VM) and scores
     # against the Zen 4 host's lines of the predict check's committed JSONL
     ("cdmpp-bigkernels", [PY, "bench/cdmpp_bigkernels.py"], 30),

@@ -307,7 +307,8 @@ def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
 
 def test_ship_data_study_on_the_zen3_host_scores_every_zen3_checked_kernel(monkeypatch):
     """The Zen 3 scoring (`--host "AMD EPYC (family 25, model 1)"`): every line covers exactly the
-    kernels the predict check timed on a Zen 3 VM, and the programs labelled on that CPU type are the
+    kernels the predict check timed on a Zen 3 VM (and re-timed on 2026-11-27), and the programs
+    labelled on that CPU type are the
     ones `measure-device --prefix zen3` timed (bench/results/cdmpp_zen3_measure.json)."""
     import importlib.util
     from pathlib import Path
@@ -324,6 +325,8 @@ def test_ship_data_study_on_the_zen3_host_scores_every_zen3_checked_kernel(monke
     for arm in s["models"]["weights"].values():
         assert arm["check"]["kernels"] == n_checked > 200
         assert arm["check_unlabelled"]["kernels"] <= n_checked
+    again = sd.checked_kernels(root / "bench" / "results" / "cdmpp_predict_check_zen3.jsonl", host)
+    assert {n: set(v) for n, v in again.items()} == {n: set(v) for n, v in sd.checked_kernels(sd.CHECK, host).items()}
     measured = json.loads((root / "bench" / "results" / "cdmpp_zen3_measure.json").read_text())
     labelled = sd._host_labelled(str(root / "data" / "cdmpp"), host)
     assert len(labelled) == measured["programs"]
