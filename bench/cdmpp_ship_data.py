@@ -13,6 +13,7 @@ Each model and seed trains twice, on the same networks (the `--holdout` networks
 of both arms):
   collection   local-1t, local-2t of data/cdmpp
   all-cpus     the same + zen4-1t, zen4-2t of data/cdmpp, data/cdmpp-big-zen4, data/cdmpp-datamove-zen4
+  all-cpus+zen3  the same + the Zen 3 VM's zen3-1t, zen3-2t (`--arms`; measured later, run on a Zen 3 host)
 and each is scored three ways:
   heldout      the held-out networks' unseen kernels on the collection CPU (stable records)
   gpuhost-*    a third CPU neither arm learnt: the GPU machine's Xeon at 1 and 16 threads
@@ -40,7 +41,9 @@ from cdmpp_bigkernels import BIG_S, CHECK, _rows, checked_kernels, network_array
 OUT = Path("bench/results/cdmpp_ship_data.jsonl")
 ARMS = {"collection": ("data/cdmpp", ["local-1t", "local-2t"]),
         "all-cpus": ("data/cdmpp,data/cdmpp-big-zen4,data/cdmpp-datamove-zen4",
-                     ["local-1t", "local-2t", "zen4-1t", "zen4-2t"])}
+                     ["local-1t", "local-2t", "zen4-1t", "zen4-2t"]),
+        "all-cpus+zen3": ("data/cdmpp,data/cdmpp-big-zen4,data/cdmpp-datamove-zen4",
+                          ["local-1t", "local-2t", "zen4-1t", "zen4-2t", "zen3-1t", "zen3-2t"])}
 ZERO_SHOT = ["gpuhost-1t", "gpuhost-16t"]
 STABLE = {"max_cov": 0.01, "metric": "mad"}
 
@@ -88,7 +91,8 @@ def _public(nets: dict) -> dict:
     return {n: {k: v for k, v in s.items() if k not in ("measured_s", "unlabelled")} for n, s in nets.items()}
 
 
-def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: float, host: str, out: Path) -> None:
+def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: float, host: str, out: Path,
+        arms: list[str]) -> None:
     from tensorplan.devices.detect import cpu_info
     from tensorplan.predict.dataset import load_dataset
 
@@ -99,8 +103,10 @@ def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: flo
     measured = checked_kernels(CHECK, host)
     tests = _test_sets(holdout)
     arrays = network_arrays(list(measured), "local-2t", None)        # this host's own device vector
+    labelled = _host_labelled(ARMS["all-cpus"][0], host)
     done = {(r["arm"], r["model"], r["seed"]) for r in _rows(out)}
-    for arm, (data, devices) in ARMS.items():
+    for arm in arms:
+        data, devices = ARMS[arm]
         tr_ds, _ = load_dataset(data).only_devices(devices).split(kind="network", holdout=holdout)
         seen = set(tr_ds.records["task_key"])
         for seed in seeds:
@@ -108,11 +114,12 @@ def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: flo
                 if (arm, name, seed) in done:
                     continue
                 est, info = train_model(tr_ds, name, seed, time_scale)
-                nets = _check(est, arrays, measured, seen)
+                nets = _check(est, arrays, measured, seen, labelled)
                 row = {"arm": arm, "model": name, "seed": seed, "devices": devices, "data": data, "holdout": holdout,
                        "host": host, "train_records": info["records"], "train_s": info["train_time_s"],
                        "scores": {k: _metrics(est, t) for k, t in tests.items()},
-                       "check": _pooled(nets), "networks": _public(nets)}
+                       "check": _pooled(nets), "check_unlabelled": _pooled(nets, "unlabelled"),
+                       "networks": _public(nets)}
                 out.parent.mkdir(parents=True, exist_ok=True)
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -196,13 +203,14 @@ def main(holdout: str = typer.Option("efficientvit-b1,tiny-mlp,mobilenet-v2,segf
          weights: Path = typer.Option(None, help="Instead of training: score this saved model (e.g. the shipped "
                                       "one) and append it as arm --label, model 'weights'."),
          label: str = typer.Option("shipped", help="The arm name of a --weights line."),
+         arms: str = typer.Option("collection,all-cpus", help=f"Training arms to run, of {', '.join(ARMS)}."),
          summary: bool = typer.Option(False, "--summary", help="Print and write the summary JSON.")) -> None:
     """Train on the collection CPU's data or on every CPU's, and score both where users predict."""
     if weights is not None:
         score_weights(weights, label, [h for h in holdout.split(",") if h], host, out)
     elif not summary:
         run([h for h in holdout.split(",") if h], [m for m in models.split(",") if m],
-            [int(x) for x in seeds.split(",") if x], time_scale, host, out)
+            [int(x) for x in seeds.split(",") if x], time_scale, host, out, [a for a in arms.split(",") if a])
     s = summarize(out)
     out.with_suffix(".json").write_text(json.dumps(s, indent=1))
     for model, arms in s["models"].items():

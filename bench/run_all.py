@@ -108,6 +108,9 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-ship-data-shipped-zen3", [PY, "bench/cdmpp_ship_data.py", "--host", "AMD EPYC (family 25, model 1)",
                                       "--out", "bench/results/cdmpp_ship_data_zen3.jsonl", "--weights",
                                       "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-4x900s"], 3),
+    ("cdmpp-ship-data-zen3-arms", [PY, "bench/cdmpp_ship_data.py", "--host", "AMD EPYC (family 25, model 1)",
+                                   "--out", "bench/results/cdmpp_ship_data_zen3.jsonl",
+                                   "--arms", "all-cpus,all-cpus+zen3"], 32),
     ("cdmpp-ship-data-zen3-summary", [PY, "bench/cdmpp_ship_data.py", "--summary",
                                       "--out", "bench/results/cdmpp_ship_data_zen3.jsonl"], 0.1),
     # whole-network totals as the kernels' sum or times the validation mean measured / predicted

@@ -325,6 +325,12 @@ def test_ship_data_study_on_the_zen3_host_scores_every_zen3_checked_kernel(monke
     for arm in s["models"]["weights"].values():
         assert arm["check"]["kernels"] == n_checked > 200
         assert arm["check_unlabelled"]["kernels"] <= n_checked
+    for model in ("xgboost-hier", "cdmpp-nocmd-parts"):                  # --arms all-cpus,all-cpus+zen3
+        arms = s["models"][model]
+        assert arms["all-cpus"]["seeds"] == arms["all-cpus+zen3"]["seeds"] == [0, 1, 2]
+        assert arms["all-cpus+zen3"]["train_records"] > arms["all-cpus"]["train_records"]
+        assert (arms["all-cpus"]["check_unlabelled"]["kernels"] == arms["all-cpus+zen3"]["check_unlabelled"]["kernels"]
+                < n_checked)
     again = sd.checked_kernels(root / "bench" / "results" / "cdmpp_predict_check_zen3.jsonl", host)
     assert {n: set(v) for n, v in again.items()} == {n: set(v) for n, v in sd.checked_kernels(sd.CHECK, host).items()}
     measured = json.loads((root / "bench" / "results" / "cdmpp_zen3_measure.json").read_text())
