@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TP = str(Path(PY).with_name("tensorplan"))
 
+#: the Zen 3 VM's CPU as `cpu_info()` names it: steps that score its check kernels run on that CPU type
+ZEN3_HOST = "AMD EPYC (family 25, model 1)"
+
 #: (name, command, rough minutes on the 2-core VM)
 STEPS: list[tuple[str, list[str], float]] = [
     ("device", [PY, "bench/device_numbers.py", "--rounds", "5"], 3),
@@ -105,10 +108,10 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-ship-data-shipped", [PY, "bench/cdmpp_ship_data.py", "--weights",
                                  "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-2026-11-25-4x900"], 3),
     # the shipped model on the Zen 3 VM's check kernels (runs on a Zen 3 host only)
-    ("cdmpp-ship-data-shipped-zen3", [PY, "bench/cdmpp_ship_data.py", "--host", "AMD EPYC (family 25, model 1)",
+    ("cdmpp-ship-data-shipped-zen3", [PY, "bench/cdmpp_ship_data.py", "--host", ZEN3_HOST,
                                       "--out", "bench/results/cdmpp_ship_data_zen3.jsonl", "--weights",
                                       "src/tensorplan/predict/weights/cdmpp-local.pt", "--label", "shipped-4x900s"], 3),
-    ("cdmpp-ship-data-zen3-arms", [PY, "bench/cdmpp_ship_data.py", "--host", "AMD EPYC (family 25, model 1)",
+    ("cdmpp-ship-data-zen3-arms", [PY, "bench/cdmpp_ship_data.py", "--host", ZEN3_HOST,
                                    "--out", "bench/results/cdmpp_ship_data_zen3.jsonl",
                                    "--arms", "all-cpus,all-cpus+zen3"], 32),
     ("cdmpp-ship-data-zen3-summary", [PY, "bench/cdmpp_ship_data.py", "--summary",

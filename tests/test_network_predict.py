@@ -274,21 +274,30 @@ def test_big_kernel_study_scores_the_checked_kernels_in_order():
         assert with_["networks"]["segformer-b0"]["tasks_in_training"] == 0      # held out in both arms
 
 
+def _ship_data_study(monkeypatch):
+    """bench/cdmpp_ship_data.py as a module (it imports cdmpp_bigkernels from bench/)."""
+    import importlib.util
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    spec = importlib.util.spec_from_file_location("cdmpp_ship_data", bench / "cdmpp_ship_data.py")
+    sd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sd)
+    return sd
+
+
 def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
     """bench/cdmpp_ship_data.py on its committed runs: the line of the weights shipped on 2026-11-24
     reproduces that model's own Zen 4 check (same kernels, same order), the line of the current
     weights names the domains the packaged model learnt, and both arms ran the same seeds."""
-    import importlib.util
     from pathlib import Path
 
     import numpy as np
 
     from tensorplan.predict.cdmpp import load_shipped, regression_metrics
     bench = Path(__file__).resolve().parents[1] / "bench"
-    monkeypatch.syspath_prepend(str(bench))                 # it imports cdmpp_bigkernels
-    spec = importlib.util.spec_from_file_location("cdmpp_ship_data", bench / "cdmpp_ship_data.py")
-    sd = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sd)
+    sd = _ship_data_study(monkeypatch)
     s = sd.summarize(bench / "results" / "cdmpp_ship_data.jsonl")
     lines = [json.loads(x) for x in sd.CHECK.read_text().splitlines() if x.strip()]
     ks = [k for r in lines if r["host"] == s["host"] for k in r["kernels"] if k.get("measured_us")]
@@ -308,20 +317,17 @@ def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
 def test_ship_data_study_on_the_zen3_host_scores_every_zen3_checked_kernel(monkeypatch):
     """The Zen 3 scoring (`--host "AMD EPYC (family 25, model 1)"`): every line covers exactly the
     kernels the predict check timed on a Zen 3 VM (and re-timed on 2026-11-27), and the programs
-    labelled on that CPU type are the
-    ones `measure-device --prefix zen3` timed (bench/results/cdmpp_zen3_measure.json)."""
-    import importlib.util
+    labelled on that CPU type are the ones `measure-device --prefix zen3` timed
+    (bench/results/cdmpp_zen3_measure.json)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    monkeypatch.syspath_prepend(str(root / "bench"))
-    spec = importlib.util.spec_from_file_location("cdmpp_ship_data", root / "bench" / "cdmpp_ship_data.py")
-    sd = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sd)
+    sd = _ship_data_study(monkeypatch)
     host = "AMD EPYC (family 25, model 1)"
     s = sd.summarize(root / "bench" / "results" / "cdmpp_ship_data_zen3.jsonl")
     assert s["host"] == host and len(s["models"]["weights"]) >= 3
-    n_checked = sum(len(v) for v in sd.checked_kernels(sd.CHECK, host).values())
+    checked = sd.checked_kernels(sd.CHECK, host)
+    n_checked = sum(len(v) for v in checked.values())
     for arm in s["models"]["weights"].values():
         assert arm["check"]["kernels"] == n_checked > 200
         assert arm["check_unlabelled"]["kernels"] <= n_checked
@@ -332,7 +338,7 @@ def test_ship_data_study_on_the_zen3_host_scores_every_zen3_checked_kernel(monke
         assert (arms["all-cpus"]["check_unlabelled"]["kernels"] == arms["all-cpus+zen3"]["check_unlabelled"]["kernels"]
                 < n_checked)
     again = sd.checked_kernels(root / "bench" / "results" / "cdmpp_predict_check_zen3.jsonl", host)
-    assert {n: set(v) for n, v in again.items()} == {n: set(v) for n, v in sd.checked_kernels(sd.CHECK, host).items()}
+    assert {n: set(v) for n, v in again.items()} == {n: set(v) for n, v in checked.items()}
     measured = json.loads((root / "bench" / "results" / "cdmpp_zen3_measure.json").read_text())
     labelled = sd._host_labelled(str(root / "data" / "cdmpp"), host)
     assert len(labelled) == measured["programs"]
