@@ -94,6 +94,8 @@ STEPS: list[tuple[str, list[str], float]] = [
                                   "--out", "bench/results/cdmpp_predict_check_zen3.jsonl"], 12),
     ("cdmpp-predict-check-zen3-summary", [PY, "bench/cdmpp_predict_check.py", "--summary",
                                           "--out", "bench/results/cdmpp_predict_check_zen3.jsonl"], 0.1),
+    # the trees with more capacity (xgboost-deep) against xgboost-hier, row by row, on the harness's splits
+    ("cdmpp-xgb-capacity", [PY, "bench/cdmpp_xgb_capacity.py"], 40),
     # trains on the committed programs over the 0.1 s cap (data/cdmpp-big-zen4, Zen 4 VM) and scores
     # against the Zen 4 host's lines of the predict check's committed JSONL
     ("cdmpp-bigkernels", [PY, "bench/cdmpp_bigkernels.py"], 30),

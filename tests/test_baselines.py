@@ -162,6 +162,32 @@ def test_xgboost_hierarchy_options(cdmpp_small, tmp_path):
         TenSetXGB(base="roofline")
 
 
+def test_xgboost_deep_reads_max_and_last_store_rows(cdmpp_small, tmp_path):
+    """stats=("sum","max","last") adds, per program, the element-wise max over its stores and its
+    last store's row (the output store) after the sums; `xgboost-deep` is xgboost-hier with them,
+    and the option survives save/load."""
+    from tensorplan.predict.evaluate import make_model
+
+    te = as_arrays(cdmpp_small["test"])
+    plain = TenSetXGB(n_rounds=20, parts=True, base="hierarchy").fit(as_arrays(cdmpp_small["train"]))
+    m = make_model("xgboost-deep", quick=True).fit(as_arrays(cdmpp_small["train"]))
+    assert m.stats == ("sum", "max", "last") and m.max_depth == 8
+    X, n_sum = m._features(te), summed_features(te).shape[1]
+    multi = int(np.flatnonzero(te.n_leaves > 1)[0])       # a program with several stores
+    a, b = te.offsets[multi], te.offsets[multi + 1]
+    rows = te.leaf_data[a:b]
+    d = rows.shape[1]
+    np.testing.assert_allclose(X[multi, n_sum:n_sum + d], rows.max(0), rtol=1e-6)
+    np.testing.assert_allclose(X[multi, n_sum + d:n_sum + 2 * d], rows[-1], rtol=1e-6)
+    assert not np.allclose(rows.max(0), rows[-1])          # the two pools carry different figures
+    assert X.shape[1] == plain._features(te).shape[1] + 2 * d
+    back = load_estimator(m.save(tmp_path / "deep.pt"))
+    assert tuple(back.stats) == m.stats
+    np.testing.assert_allclose(back.predict(te), m.predict(te), rtol=1e-6)
+    with pytest.raises(TensorplanError, match="stats"):
+        TenSetXGB(stats=("max",))
+
+
 def test_train_a_hierarchy_xgboost_and_predict_a_network_with_it(cdmpp_small, tmp_path):
     """`tensorplan train --model xgboost-hier` path: the tree model trains through the same `train`,
     records its domains, and `predict --weights` uses it for a whole network."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import math
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -33,6 +33,29 @@ def summed_features(arr: ProgramArrays) -> np.ndarray:
     sums = np.add.reduceat(arr.leaf_data.astype(np.float64), arr.offsets[:-1], axis=0) if len(arr) else \
         np.zeros((0, LEAF_DIM))
     return np.hstack([sums, np.log2(arr.n_leaves)[:, None], arr.device]).astype(np.float32)
+
+
+STORE_STATS = ("sum", "max", "last")
+
+
+def _check_stats(stats: Sequence[str]) -> None:
+    if isinstance(stats, str) or "sum" not in stats or any(s not in STORE_STATS for s in stats):
+        raise TensorplanError(f"xgboost: stats must include 'sum' and come from {STORE_STATS}, got {stats!r}")
+
+
+def store_stat_features(arr: ProgramArrays, stats: Sequence[str]) -> list[np.ndarray]:
+    """Per-store features pooled beyond the sum: "max" over stores, the "last" store's row.
+
+    A sum mixes a fused kernel's init, compute and epilogue stores; the max keeps the heaviest
+    store's figures and the last row is the kernel's output store (`bench/cdmpp_xgb_capacity.py`)."""
+    _check_stats(stats)
+    ld = arr.leaf_data.astype(np.float32)
+    out = []
+    if "max" in stats:
+        out.append(np.maximum.reduceat(ld, arr.offsets[:-1], axis=0) if len(arr) else np.zeros((0, LEAF_DIM)))
+    if "last" in stats:
+        out.append(ld[arr.offsets[1:] - 1] if len(arr) else np.zeros((0, LEAF_DIM)))
+    return out
 
 
 def _log_target(y: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -54,13 +77,15 @@ class TenSetXGB(Estimator):
     def __init__(self, max_depth: int = 6, gamma: float = 0.003, min_child_weight: float = 2.0,
                  eta: float = 0.2, n_rounds: int = 400, early_stop: int = 100, threads: int | None = None,
                  seed: int = 0, subsample: float = 1.0, colsample: float = 1.0, parts: bool = False,
-                 base: str = "none"):
+                 base: str = "none", stats: Sequence[str] = ("sum",)):
         self.max_depth, self.gamma, self.min_child_weight, self.eta = max_depth, gamma, min_child_weight, eta
         self.n_rounds, self.early_stop, self.threads, self.seed = n_rounds, early_stop, threads, seed
         self.subsample, self.colsample = subsample, colsample
         if base not in ("none", "hierarchy"):
             raise TensorplanError(f"xgboost: base must be 'none' or 'hierarchy', got {base!r}")
         self.parts, self.base = parts, base
+        _check_stats(stats)
+        self.stats = tuple(stats)
         self.cache_ratio: float | None = None   # fitted on the training split when parts or base is on
         self.booster = None
 
@@ -75,10 +100,10 @@ class TenSetXGB(Estimator):
         return np.log(hierarchy_seconds(arr.cached_hierarchy_parts, self.cache_ratio))
 
     def _features(self, arr: ProgramArrays) -> np.ndarray:
-        f = summed_features(arr)
-        if not self.parts:
-            return f
-        return np.hstack([f, arr.log_hierarchy_parts, self._log_estimate(arr)[:, None]]).astype(np.float32)
+        f = [summed_features(arr), *store_stat_features(arr, self.stats)]
+        if self.parts:
+            f += [arr.log_hierarchy_parts, self._log_estimate(arr)[:, None]]
+        return np.hstack(f).astype(np.float32) if len(f) > 1 else f[0]
 
     def _offset(self, arr: ProgramArrays) -> np.ndarray:
         """What the trees' output is relative to, in log seconds (0, or the hierarchy estimate)."""

@@ -1,0 +1,81 @@
+"""How much more the trees get from capacity: xgboost-hier against `xgboost-deep` and the steps between.
+
+Why: TenSet's XGBoost settings (depth 6, eta 0.2, 400 rounds, sum over stores) leave accuracy on the
+table on this dataset. Each row adds one thing: the max and last store rows beside the sum
+(`baselines.store_stat_features`), deeper and more trees, row/column sampling (= `xgboost-deep`),
+and a 3-seed ensemble of it. Splits are the harness's (`evaluate.sample_split`, `network_split` with
+its three held-out networks) on the collection CPU's two domains; one line per (split, row) is
+appended to the JSONL as it finishes, so a killed run resumes.
+
+    .venv/bin/python bench/cdmpp_xgb_capacity.py --out bench/results/cdmpp_xgb_capacity.jsonl
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import typer
+
+HOLDOUT = ["efficientvit-b1", "tiny-mlp", "mobilenet-v2"]   # the evaluation table's held-out networks
+DEEP = dict(max_depth=8, eta=0.1, n_rounds=4000, early_stop=200)
+ROWS = {   # row -> TenSetXGB keyword arguments on top of xgboost-hier's (parts, hierarchy base)
+    "xgboost-hier": {},
+    "+ max/last store rows": dict(stats=("sum", "max", "last")),
+    "+ depth 8, eta 0.1, <=4000 rounds": dict(stats=("sum", "max", "last"), **DEEP),
+    "+ row/col sampling (xgboost-deep)": "xgboost-deep",
+    "xgboost-deep, 3 seeds (xgboost-deep-ens3)": "xgboost-deep-ens3",
+}
+
+
+def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl"), "--out"),
+         splits: str = typer.Option("sample,network", "--splits", help="Comma-separated: sample, network."),
+         rows: str = typer.Option("", "--rows", help="Comma-separated row numbers (0-based); default all."),
+         threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
+    from tensorplan.predict.baselines import TenSetXGB
+    from tensorplan.predict.cdmpp import regression_metrics, within_task_spearman
+    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.predict.ensemble import Ensemble
+    from tensorplan.predict.evaluate import EvalData, machine_info, make_model, network_split, sample_split
+
+    done = set()
+    if out.exists():
+        done = {(r["split"], r["row"]) for r in map(json.loads, out.read_text().splitlines())}
+    ds = load_dataset(None).only_devices(["local-1t", "local-2t"]).filter_stable(max_cov=0.01, metric="mad")
+    data = EvalData(ds)
+    names = list(ROWS)
+    pick = [names[int(i)] for i in rows.split(",")] if rows else names
+    for split in [s for s in splits.split(",") if s]:
+        tr, va, te = sample_split(ds, 0, data) if split == "sample" else network_split(ds, HOLDOUT, 0, data)
+        for row in pick:
+            if (split, row) in done:
+                continue
+            spec = ROWS[row]
+            if isinstance(spec, str):
+                m = make_model(spec)
+                for mem in (m.members if isinstance(m, Ensemble) else [m]):
+                    mem.threads = threads
+            else:
+                m = TenSetXGB(parts=True, base="hierarchy", threads=threads, **spec)
+            t = time.perf_counter()
+            m.fit(tr, va)
+            fit_s = time.perf_counter() - t
+            pred = m.predict(te)
+            members = m.members if isinstance(m, Ensemble) else [m]
+            line = {"split": split, "row": row, "n_train": len(tr), "n_test": len(te), "fit_s": fit_s,
+                    "rounds": [int(x.booster.attr("best_iteration") or x.booster.num_boosted_rounds()) + 1
+                               for x in members],
+                    "test": regression_metrics(pred, te.latency_s),
+                    "within_task_rho": within_task_spearman(pred, te.latency_s, te.task_key),
+                    "threads": threads, "machine": machine_info(), "host": platform.node(), "created": time.time()}
+            with out.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+            r = line["test"]
+            print(f"{split:8s} {row:45s} MAPE {r['mape_pct']:6.2f}  median APE {r['median_ape_pct']:6.2f}  "
+                  f"fit {fit_s:6.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    typer.run(main)
