@@ -16,15 +16,13 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 import typer
 
 HOLDOUT = ["efficientvit-b1", "tiny-mlp", "mobilenet-v2"]   # the evaluation table's held-out networks
-DEEP = dict(max_depth=8, eta=0.1, n_rounds=4000, early_stop=200)
 ROWS = {   # row -> TenSetXGB keyword arguments on top of xgboost-hier's (parts, hierarchy base)
     "xgboost-hier": {},
     "+ max/last store rows": dict(stats=("sum", "max", "last")),
-    "+ depth 8, eta 0.1, <=4000 rounds": dict(stats=("sum", "max", "last"), **DEEP),
+    "+ depth 8, eta 0.1, <=4000 rounds": "xgboost-deep without sampling",
     "+ row/col sampling (xgboost-deep)": "xgboost-deep",
     "xgboost-deep, 3 seeds (xgboost-deep-ens3)": "xgboost-deep-ens3",
 }
@@ -38,7 +36,8 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
     from tensorplan.predict.cdmpp import regression_metrics, within_task_spearman
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.ensemble import Ensemble
-    from tensorplan.predict.evaluate import EvalData, machine_info, make_model, network_split, sample_split
+    from tensorplan.predict.evaluate import (XGB_DEEP, EvalData, machine_info, make_model, network_split,
+                                             sample_split)
 
     done = set()
     if out.exists():
@@ -53,17 +52,19 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
             if (split, row) in done:
                 continue
             spec = ROWS[row]
-            if isinstance(spec, str):
+            if spec == "xgboost-deep without sampling":
+                m = TenSetXGB(n_rounds=4000, **{**XGB_DEEP, "subsample": 1.0, "colsample": 1.0})
+            elif isinstance(spec, str):
                 m = make_model(spec)
-                for mem in (m.members if isinstance(m, Ensemble) else [m]):
-                    mem.threads = threads
             else:
-                m = TenSetXGB(parts=True, base="hierarchy", threads=threads, **spec)
+                m = TenSetXGB(parts=True, base="hierarchy", **spec)
+            members = m.members if isinstance(m, Ensemble) else [m]
+            for mem in members:
+                mem.threads = threads
             t = time.perf_counter()
             m.fit(tr, va)
             fit_s = time.perf_counter() - t
             pred = m.predict(te)
-            members = m.members if isinstance(m, Ensemble) else [m]
             line = {"split": split, "row": row, "n_train": len(tr), "n_test": len(te), "fit_s": fit_s,
                     "rounds": [int(x.booster.attr("best_iteration") or x.booster.num_boosted_rounds()) + 1
                                for x in members],

@@ -48,14 +48,13 @@ def store_stat_features(arr: ProgramArrays, stats: Sequence[str]) -> list[np.nda
 
     A sum mixes a fused kernel's init, compute and epilogue stores; the max keeps the heaviest
     store's figures and the last row is the kernel's output store (`bench/cdmpp_xgb_capacity.py`)."""
-    _check_stats(stats)
-    ld = arr.leaf_data.astype(np.float32)
-    out = []
-    if "max" in stats:
-        out.append(np.maximum.reduceat(ld, arr.offsets[:-1], axis=0) if len(arr) else np.zeros((0, LEAF_DIM)))
-    if "last" in stats:
-        out.append(ld[arr.offsets[1:] - 1] if len(arr) else np.zeros((0, LEAF_DIM)))
-    return out
+    wanted = [s for s in ("max", "last") if s in stats]
+    if not len(arr):
+        return [np.zeros((0, LEAF_DIM), np.float32) for _ in wanted]
+    ld = np.asarray(arr.leaf_data, np.float32)
+    pools = {"max": lambda: np.maximum.reduceat(ld, arr.offsets[:-1], axis=0),
+             "last": lambda: ld[arr.offsets[1:] - 1]}
+    return [pools[s]() for s in wanted]
 
 
 def _log_target(y: np.ndarray) -> tuple[np.ndarray, float, float]:
