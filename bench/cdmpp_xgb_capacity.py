@@ -3,7 +3,7 @@
 Why: TenSet's XGBoost settings (depth 6, eta 0.2, 400 rounds, sum over stores) leave accuracy on the
 table on this dataset. Each row adds one thing: the max and last store rows beside the sum
 (`baselines.store_stat_features`), deeper and more trees, row/column sampling (= `xgboost-deep`),
-and a 3-seed ensemble of it. Splits are the harness's (`evaluate.sample_split`, `network_split` with
+and a 3-seed ensemble of it; then two more steps (depth 10; 5 seeds) that `--rows 5,6` runs. Splits are the harness's (`evaluate.sample_split`, `network_split` with
 its three held-out networks) on the collection CPU's two domains; one line per (split, row) is
 appended to the JSONL as it finishes, so a killed run resumes.
 
@@ -19,12 +19,16 @@ from pathlib import Path
 import typer
 
 HOLDOUT = ["efficientvit-b1", "tiny-mlp", "mobilenet-v2"]   # the evaluation table's held-out networks
-ROWS = {   # row -> TenSetXGB keyword arguments on top of xgboost-hier's (parts, hierarchy base)
+# row -> a harness model name, or TenSetXGB keyword arguments on top of xgboost-hier's (parts,
+# hierarchy base); `deep=True` starts from xgboost-deep's (evaluate.XGB_DEEP, <=4000 rounds) instead
+ROWS = {
     "xgboost-hier": {},
     "+ max/last store rows": dict(stats=("sum", "max", "last")),
-    "+ depth 8, eta 0.1, <=4000 rounds": "xgboost-deep without sampling",
+    "+ depth 8, eta 0.1, <=4000 rounds": dict(deep=True, subsample=1.0, colsample=1.0),
     "+ row/col sampling (xgboost-deep)": "xgboost-deep",
     "xgboost-deep, 3 seeds (xgboost-deep-ens3)": "xgboost-deep-ens3",
+    "xgboost-deep at depth 10": dict(deep=True, max_depth=10),
+    "xgboost-deep, 5 seeds (xgboost-deep-ens5)": "xgboost-deep-ens5",
 }
 
 
@@ -52,10 +56,10 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
             if (split, row) in done:
                 continue
             spec = ROWS[row]
-            if spec == "xgboost-deep without sampling":
-                m = TenSetXGB(n_rounds=4000, **{**XGB_DEEP, "subsample": 1.0, "colsample": 1.0})
-            elif isinstance(spec, str):
+            if isinstance(spec, str):
                 m = make_model(spec)
+            elif spec.get("deep"):
+                m = TenSetXGB(n_rounds=4000, **{**XGB_DEEP, **{k: v for k, v in spec.items() if k != "deep"}})
             else:
                 m = TenSetXGB(parts=True, base="hierarchy", **spec)
             members = m.members if isinstance(m, Ensemble) else [m]
