@@ -3,7 +3,7 @@
 Why: TenSet's XGBoost settings (depth 6, eta 0.2, 400 rounds, sum over stores) leave accuracy on the
 table on this dataset. Each row adds one thing: the max and last store rows beside the sum
 (`baselines.store_stat_features`), deeper and more trees, row/column sampling (= `xgboost-deep`),
-and a 3-seed ensemble of it; then two more steps (depth 10; 5 seeds) that `--rows 5,6` runs. Splits are the harness's (`evaluate.sample_split`, `network_split` with
+and a 3-seed ensemble of it; then depth 10, 5 seeds, and the min / first store rows (`--rows 5,6,7`). Splits are the harness's (`evaluate.sample_split`, `network_split` with
 its three held-out networks) on the collection CPU's two domains; one line per (split, row) is
 appended to the JSONL as it finishes, so a killed run resumes.
 
@@ -29,6 +29,7 @@ ROWS = {
     "xgboost-deep, 3 seeds (xgboost-deep-ens3)": "xgboost-deep-ens3",
     "xgboost-deep at depth 10": dict(deep=True, max_depth=10),
     "xgboost-deep, 5 seeds (xgboost-deep-ens5)": "xgboost-deep-ens5",
+    "xgboost-deep + min over stores and first store's row": dict(deep=True, stats=("sum", "max", "last", "min", "first")),
 }
 
 

@@ -22,6 +22,8 @@ TP = str(Path(PY).with_name("tensorplan"))
 
 #: the Zen 3 VM's CPU as `cpu_info()` names it: steps that score its check kernels run on that CPU type
 ZEN3_HOST = "AMD EPYC (family 25, model 1)"
+# the domains the dataset had before the Zen 3 VM's were merged in (the device JSONs made before then)
+PRE_ZEN3 = "gpuhost-16t,gpuhost-1t,local-1t,local-2t,zen4-1t,zen4-2t"
 
 #: (name, command, rough minutes on the 2-core VM)
 STEPS: list[tuple[str, list[str], float]] = [
@@ -49,22 +51,29 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-ensemble-hier", [PY, "bench/cdmpp_ensemble.py", "--models", "xgboost-hier", "--add"], 3),
     ("cdmpp-by-network", [PY, "bench/cdmpp_by_network.py", "--models",
                           "xgboost,cdmpp,cdmpp-nocmd,xgboost-hier,xgboost-parts,cdmpp-nocmd-parts,"
-                          "cdmpp-nocmd-parts+xgboost-hier"], 190),
+                          "cdmpp-nocmd-parts+xgboost-hier,xgboost-deep"], 215),
     # the analytic estimate across CPUs (docs/cdmpp.md, "An analytic estimate for the trees")
-    *((f"cdmpp-xgb-hier-{tag}", [TP, "evaluate", "--splits", "device", "--models", "xgboost,xgboost-hier", *args,
-                                 "--out", f"bench/results/cdmpp_xgb_hier_{tag}.json"], 3)
-      for tag, args in (("device", ["--devices", "local-1t,local-2t", "--models", "xgboost,xgboost-parts,xgboost-hier"]),
-                        ("zen4", ["--source", "local-1t", "--target", "zen4-1t"]),
-                        ("zen4_multi", ["--source", "local-1t,local-2t,gpuhost-1t,gpuhost-16t", "--target", "zen4-1t"]),
-                        ("gpuhost1t", ["--source", "local-1t", "--target", "gpuhost-1t"]),
-                        ("gpuhost16t", ["--source", "local-2t", "--target", "gpuhost-16t"]))),
+    # (`xgboost-deep` on three of them: "More capacity for the trees"). `--devices`: the domains the
+    # committed JSON was made on, before the Zen 3 domains were merged in
+    *((f"cdmpp-xgb-hier-{tag}", [TP, "evaluate", "--splits", "device", "--models", models, *args,
+                                 "--out", f"bench/results/cdmpp_xgb_hier_{tag}.json"], mins)
+      for tag, mins, models, args in (
+          ("device", 8, "xgboost,xgboost-parts,xgboost-hier,xgboost-deep", ["--devices", "local-1t,local-2t"]),
+          ("zen4", 8, "xgboost,xgboost-hier,xgboost-deep",
+           ["--devices", PRE_ZEN3, "--source", "local-1t", "--target", "zen4-1t"]),
+          ("zen4_multi", 13, "xgboost,xgboost-hier,xgboost-deep",
+           ["--devices", PRE_ZEN3, "--source", "local-1t,local-2t,gpuhost-1t,gpuhost-16t", "--target", "zen4-1t"]),
+          ("gpuhost1t", 3, "xgboost,xgboost-hier", ["--devices", PRE_ZEN3, "--source", "local-1t", "--target", "gpuhost-1t"]),
+          ("gpuhost16t", 3, "xgboost,xgboost-hier",
+           ["--devices", PRE_ZEN3, "--source", "local-2t", "--target", "gpuhost-16t"]))),
     *((f"cdmpp-parts-{tag}", [TP, "evaluate", "--splits", "device", "--models", "cdmpp-nocmd,cdmpp-nocmd-parts",
                               "--time-scale", "0.625", *args, "--out", f"bench/results/cdmpp_parts_{tag}.json"], 9)
       for tag, args in (("device", ["--devices", "local-1t,local-2t"]),
                         ("zen4", ["--source", "local-1t", "--target", "zen4-1t"]))),
     # a third CPU as the held-out device: the Zen 3 VM's domains (docs/cdmpp.md, "A third CPU")
-    *((f"cdmpp-eval-{tag}", [TP, "evaluate", "--splits", "device", "--models", "xgboost,xgboost-hier,cdmpp,cdmpp-nocmd-parts",
-                             "--time-scale", "0.625", *args, "--target", "zen3-1t", "--out", f"bench/results/cdmpp_eval_{tag}.json"], 8)
+    *((f"cdmpp-eval-{tag}", [TP, "evaluate", "--splits", "device", "--models",
+                             "xgboost,xgboost-hier,cdmpp,cdmpp-nocmd-parts,xgboost-deep", "--time-scale", "0.625", *args,
+                             "--target", "zen3-1t", "--out", f"bench/results/cdmpp_eval_{tag}.json"], 16)
       for tag, args in (("zen3", ["--source", "local-1t"]),
                         ("zen3_multi", ["--source", "local-1t,local-2t,zen4-1t,zen4-2t,gpuhost-1t,gpuhost-16t"]))),
     ("cdmpp-by-network-summary", [PY, "bench/cdmpp_by_network.py", "--summary"], 0.1),
@@ -95,7 +104,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-predict-check-zen3-summary", [PY, "bench/cdmpp_predict_check.py", "--summary",
                                           "--out", "bench/results/cdmpp_predict_check_zen3.jsonl"], 0.1),
     # the trees with more capacity (xgboost-deep) against xgboost-hier, row by row, on the harness's splits
-    ("cdmpp-xgb-capacity", [PY, "bench/cdmpp_xgb_capacity.py"], 40),
+    ("cdmpp-xgb-capacity", [PY, "bench/cdmpp_xgb_capacity.py"], 70),
     # trains on the committed programs over the 0.1 s cap (data/cdmpp-big-zen4, Zen 4 VM) and scores
     # against the Zen 4 host's lines of the predict check's committed JSONL
     ("cdmpp-bigkernels", [PY, "bench/cdmpp_bigkernels.py"], 30),

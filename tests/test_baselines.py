@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
 from tensorplan.predict.baselines import (RooflineLinear, TenSetMLP, TenSetXGB, TLPModel,  # noqa: E402
-                                          _trace_steps, program_bytes, summed_features)
+                                          _trace_steps, program_bytes, store_stat_features, summed_features)
 from tensorplan.predict.cdmpp import CDMPP, Estimator, as_arrays, load_estimator  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
@@ -180,6 +180,9 @@ def test_xgboost_deep_reads_max_and_last_store_rows(cdmpp_small, tmp_path):
     np.testing.assert_allclose(X[multi, n_sum:n_sum + d], rows.max(0), rtol=1e-6)
     np.testing.assert_allclose(X[multi, n_sum + d:n_sum + 2 * d], rows[-1], rtol=1e-6)
     assert not np.allclose(rows.max(0), rows[-1])          # the two pools carry different figures
+    lo, first = store_stat_features(te, ("sum", "min", "first"))   # the bench's other two pools
+    np.testing.assert_allclose(lo[multi], rows.min(0), rtol=1e-6)
+    np.testing.assert_allclose(first[multi], rows[0], rtol=1e-6)
     assert X.shape[1] == plain._features(te).shape[1] + 2 * d
     back = load_estimator(m.save(tmp_path / "deep.pt"))
     assert tuple(back.stats) == m.stats

@@ -252,7 +252,7 @@ def register(app: typer.Typer) -> None:
                                            "file (e.g. docs/cdmpp.md)."),
         models: Optional[str] = typer.Option(None, "--models", help="Comma-separated models (default: cdmpp, "
                                              "cdmpp-nocmd, cdmpp-parts, cdmpp-nocmd-parts, cdmpp-parts-leaf, xgboost, xgboost-hier, "
-                                             "mlp, tlp, roofline, cdmpp-parts-leaf+xgboost-hier); more: "
+                                             "xgboost-deep, mlp, tlp, roofline, cdmpp-parts-leaf+xgboost-hier); more: "
                                              "cdmpp-nocmd-parts-rank (within-task ranking term), cdmpp-roofline, "
                                              "xgboost-parts, NAME-ens, A+B."),
         resume: bool = typer.Option(False, "--resume", help="Keep every model already scored in --out (same data "

@@ -35,7 +35,7 @@ def summed_features(arr: ProgramArrays) -> np.ndarray:
     return np.hstack([sums, np.log2(arr.n_leaves)[:, None], arr.device]).astype(np.float32)
 
 
-STORE_STATS = ("sum", "max", "last")
+STORE_STATS = ("sum", "max", "last", "min", "first")
 
 
 def _check_stats(stats: Sequence[str]) -> None:
@@ -44,16 +44,18 @@ def _check_stats(stats: Sequence[str]) -> None:
 
 
 def store_stat_features(arr: ProgramArrays, stats: Sequence[str]) -> list[np.ndarray]:
-    """Per-store features pooled beyond the sum: "max" over stores, the "last" store's row.
+    """Per-store features pooled beyond the sum: "max" / "min" over stores, the "last" / "first" store's row.
 
     A sum mixes a fused kernel's init, compute and epilogue stores; the max keeps the heaviest
     store's figures and the last row is the kernel's output store (`bench/cdmpp_xgb_capacity.py`)."""
-    wanted = [s for s in ("max", "last") if s in stats]
+    wanted = [s for s in STORE_STATS[1:] if s in stats]
     if not len(arr):
         return [np.zeros((0, LEAF_DIM), np.float32) for _ in wanted]
     ld = np.asarray(arr.leaf_data, np.float32)
     pools = {"max": lambda: np.maximum.reduceat(ld, arr.offsets[:-1], axis=0),
-             "last": lambda: ld[arr.offsets[1:] - 1]}
+             "last": lambda: ld[arr.offsets[1:] - 1],
+             "min": lambda: np.minimum.reduceat(ld, arr.offsets[:-1], axis=0),
+             "first": lambda: ld[arr.offsets[:-1]]}
     return [pools[s]() for s in wanted]
 
 

@@ -36,7 +36,7 @@ from .cdmpp import (CDMPP, Estimator, ProgramArrays, as_arrays, device_features,
 from .totals import mean_factor
 
 DEFAULT_MODELS = ("cdmpp", "cdmpp-nocmd", "cdmpp-parts", "cdmpp-nocmd-parts", "cdmpp-parts-leaf", "xgboost",
-                  "xgboost-hier", "mlp", "tlp", "roofline", "cdmpp-parts-leaf+xgboost-hier")
+                  "xgboost-hier", "xgboost-deep", "mlp", "tlp", "roofline", "cdmpp-parts-leaf+xgboost-hier")
 SPLITS = ("network", "device", "sample")
 ENSEMBLE_MEMBERS = 3
 GOALS = {"network_mape_pct": 14.03, "device_fewshot_mape_pct": 10.85}
