@@ -3,9 +3,10 @@
 Why: TenSet's XGBoost settings (depth 6, eta 0.2, 400 rounds, sum over stores) leave accuracy on the
 table on this dataset. Each row adds one thing: the max and last store rows beside the sum
 (`baselines.store_stat_features`), deeper and more trees, row/column sampling (= `xgboost-deep`),
-and a 3-seed ensemble of it; then depth 10, 5 seeds, and the min / first store rows (`--rows 5,6,7`). Splits are the harness's (`evaluate.sample_split`, `network_split` with
-its three held-out networks) on the collection CPU's two domains; one line per (split, row) is
-appended to the JSONL as it finishes, so a killed run resumes.
+and a 3-seed ensemble of it; then depth 10, 5 seeds, and the min / first store rows (`--rows 5,6,7`).
+Splits are the harness's (`evaluate.sample_split`, `network_split` with its three held-out networks)
+on the collection CPU's two domains; one line per (split, row) is appended to the JSONL as it
+finishes, so a killed run resumes.
 
     .venv/bin/python bench/cdmpp_xgb_capacity.py --out bench/results/cdmpp_xgb_capacity.jsonl
 """
