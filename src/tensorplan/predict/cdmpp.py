@@ -537,7 +537,7 @@ def estimator_from_blob(b: dict, owner: str) -> Estimator:
 
 def load_estimator(path: str | Path) -> Estimator:
     """Load any saved tensorplan estimator (CDMPP or a baseline)."""
-    from . import baselines, calibrate, ensemble, leaf_experts  # noqa: F401  (registers the other estimator classes)
+    from . import baselines, calibrate, ensemble, leaf_experts, mape_point  # noqa: F401  (registers the other estimator classes)
 
     return Estimator.load(path)
 

@@ -56,6 +56,7 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
     `cdmpp*-leaf`: that CDMPP plus experts fine-tuned per common leaf count (`leaf_experts`).
     `A+B`: a mixed ensemble, the members of A and B pooled under the same rule (no fitted weight),
     e.g. `cdmpp-nocmd-ens+xgboost-ens` (docs/cdmpp.md, mixed ensembles).
+    `NAME-mape`: NAME's MAPE-optimal point, scaled by exp(-s^2) of its validation log error (`mape_point`).
     """
     from .baselines import RooflineLinear, TenSetMLP, TenSetXGB, TLPModel
     from .ensemble import Ensemble
@@ -72,6 +73,11 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
         from .leaf_experts import LeafExperts
         return LeafExperts(make_model(leaf.group(1), quick, time_scale, seed),
                            **(dict(min_records=20, steps=5) if quick else {}))
+
+    mape = re.fullmatch(r"(.+)-mape", name)
+    if mape:   # the MAPE-optimal point of the model (`mape_point.MapePoint`)
+        from .mape_point import MapePoint
+        return MapePoint(make_model(mape.group(1), quick, time_scale, seed))
 
     ens = re.fullmatch(r"(.+)-ens(\d*)", name)
     if ens:

@@ -1,0 +1,49 @@
+"""The MAPE-optimal point of a trained model (predict/mape_point.py) on a slice of the real dataset."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from tensorplan.errors import TensorplanError  # noqa: E402
+from tensorplan.predict.baselines import TenSetXGB  # noqa: E402
+from tensorplan.predict.cdmpp import as_arrays, load_estimator  # noqa: E402
+from tensorplan.predict.evaluate import make_model  # noqa: E402
+from tensorplan.predict.mape_point import MapePoint  # noqa: E402
+from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
+
+
+def _split_by_task(arr, every: int = 3):
+    """(train, val): every `every`-th task of `arr` goes to validation, as on the network split."""
+    tasks = np.unique(arr.task_key)
+    is_va = np.isin(arr.task_key, tasks[::every])
+    return arr.subset(np.flatnonzero(~is_va)), arr.subset(np.flatnonzero(is_va))
+
+
+def test_mape_point_scales_by_the_validation_log_error(cdmpp_small, tmp_path):
+    """s^2 is the variance of log(measured / predicted) on the validation tasks; every prediction is
+    the base's times exp(-s^2), so ranks within a task stay and the model survives save/load."""
+    tr, va = _split_by_task(as_arrays(cdmpp_small["train"]))
+    te = as_arrays(cdmpp_small["test"])
+    base = TenSetXGB(n_rounds=60, seed=0).fit(tr, va)
+    m = MapePoint(TenSetXGB(n_rounds=60, seed=0)).fit(tr, va)
+    r = np.log(va.latency_s) - np.log(base.predict(va))
+    assert m.log_var == pytest.approx(float(r.var()), rel=1e-6) and m.log_var > 0
+    np.testing.assert_allclose(m.predict(te), base.predict(te) * np.exp(-r.var()), rtol=1e-5)
+    assert (m.predict(te) < base.predict(te)).all()
+    back = load_estimator(m.save(tmp_path / "mp.pt"))
+    assert isinstance(back, MapePoint) and back.log_var == m.log_var
+    np.testing.assert_allclose(back.predict(te), m.predict(te), rtol=1e-6)
+
+
+def test_mape_point_harness_name_and_errors(cdmpp_small):
+    """`NAME-mape` wraps the harness model NAME; without a validation split there is nothing to
+    measure the error on, and an unfitted one refuses to predict."""
+    m = make_model("xgboost-deep-mape", quick=True)
+    assert isinstance(m, MapePoint) and m.base.max_depth == 8
+    tr = as_arrays(cdmpp_small["train"])
+    with pytest.raises(TensorplanError, match="validation"):
+        m.fit(tr)
+    with pytest.raises(TensorplanError, match="not fitted"):
+        MapePoint(TenSetXGB()).predict(tr)
