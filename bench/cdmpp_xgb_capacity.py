@@ -3,7 +3,8 @@
 Why: TenSet's XGBoost settings (depth 6, eta 0.2, 400 rounds, sum over stores) leave accuracy on the
 table on this dataset. Each row adds one thing: the max and last store rows beside the sum
 (`baselines.store_stat_features`), deeper and more trees, row/column sampling (= `xgboost-deep`),
-and a 3-seed ensemble of it; then depth 10, 5 seeds, and the min / first store rows (`--rows 5,6,7`).
+and a 3-seed ensemble of it; then depth 10, 5 seeds, the min / first store rows (`--rows 5,6,7`) and the
+MAPE-optimal point of `mape_point.MapePoint` (`--rows 8`).
 Splits are the harness's (`evaluate.sample_split`, `network_split` with its three held-out networks)
 on the collection CPU's two domains; one line per (split, row) is appended to the JSONL as it
 finishes, so a killed run resumes.
@@ -31,6 +32,7 @@ ROWS = {
     "xgboost-deep at depth 10": dict(deep=True, max_depth=10),
     "xgboost-deep, 5 seeds (xgboost-deep-ens5)": "xgboost-deep-ens5",
     "xgboost-deep + min over stores and first store's row": dict(deep=True, stats=("sum", "max", "last", "min", "first")),
+    "xgboost-deep, MAPE-optimal point (xgboost-deep-mape)": "xgboost-deep-mape",
 }
 
 
@@ -42,6 +44,7 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
     from tensorplan.predict.cdmpp import regression_metrics, within_task_spearman
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.ensemble import Ensemble
+    from tensorplan.predict.mape_point import MapePoint
     from tensorplan.predict.evaluate import (XGB_DEEP, EvalData, machine_info, make_model, network_split,
                                              sample_split)
 
@@ -64,7 +67,8 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
                 m = TenSetXGB(n_rounds=4000, **{**XGB_DEEP, **{k: v for k, v in spec.items() if k != "deep"}})
             else:
                 m = TenSetXGB(parts=True, base="hierarchy", **spec)
-            members = m.members if isinstance(m, Ensemble) else [m]
+            inner = m.base if isinstance(m, MapePoint) else m
+            members = inner.members if isinstance(inner, Ensemble) else [inner]
             for mem in members:
                 mem.threads = threads
             t = time.perf_counter()
@@ -77,6 +81,8 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
                     "test": regression_metrics(pred, te.latency_s),
                     "within_task_rho": within_task_spearman(pred, te.latency_s, te.task_key),
                     "threads": threads, "machine": machine_info(), "host": platform.node(), "created": time.time()}
+            if isinstance(m, MapePoint):
+                line["log_var"] = m.log_var      # s^2 of the validation log error
             with out.open("a") as f:
                 f.write(json.dumps(line) + "\n")
             r = line["test"]
