@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="programs to featurise")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench/results/features_speed.json")
+    ap.add_argument("--no-passes", action="store_true", help="skip the per-pass lowering costs (the slowest part)")
     a = ap.parse_args()
 
     import numpy as np
@@ -87,7 +88,7 @@ def main() -> None:
         t = time.perf_counter(); [F.tvm_per_store_feature(s) for s in schs]; res["tvm_pst"].append(n / (time.perf_counter() - t))
         leaves = [o.n_leaves for o in out]
     summary = {k: {"median_programs_per_s": statistics.median(v), "all": v} for k, v in res.items()}
-    passes = pass_costs(mods, [F.compact_ast(m) for m in mods])
+    passes = {} if a.no_passes else pass_costs(mods, [F.compact_ast(m) for m in mods])
 
     # cross-check against TVM's PerStoreFeature on the same real programs: our row of each buffer's
     # last non-constant store vs TVM's row for that buffer, and the summed ("pack-sum") vectors

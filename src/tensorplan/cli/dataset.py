@@ -1,4 +1,4 @@
-"""`tensorplan dataset collect|remeasure|measure-device|sample|measure-gpu|export|stats`: the CDMPP tensor-program dataset."""
+"""`tensorplan dataset collect|remeasure|measure-device|merge-device|sample|measure-gpu|merge-gpu|export|stats`: the CDMPP tensor-program dataset."""
 from __future__ import annotations
 
 import json
@@ -135,6 +135,21 @@ def merge_device(prefix: str = typer.Option(..., "--prefix", help="Domains <pref
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass the --store measure-device wrote to")
     r = _merge(prefix, data=data, store=store)
+    print(json.dumps(r, indent=1) if json_out else f"{r['records_added']} records of {', '.join(r['devices'])} "
+          f"-> {r['dir']} ({r['records']} records)")
+
+
+@dataset_app.command("merge-gpu")
+def merge_gpu(name: str = typer.Option(..., "--name", help="GPU domain timed by measure-gpu, e.g. h200."),
+              data: Path = typer.Option(..., "--data", help="GPU dataset whose programs were timed (e.g. data/cdmpp-h100)."),
+              store: Optional[Path] = _STORE_OPT,
+              json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Add a second GPU's timings of a GPU dataset's own programs to that dataset (a new domain)."""
+    from ..errors import StoreError
+    from ..predict.dataset import merge_gpu as _merge
+    if store is not None and not store.exists():
+        raise StoreError(f"store '{store}' does not exist; pass the --store measure-gpu wrote to")
+    r = _merge(name, data=data, store=store)
     print(json.dumps(r, indent=1) if json_out else f"{r['records_added']} records of {', '.join(r['devices'])} "
           f"-> {r['dir']} ({r['records']} records)")
 

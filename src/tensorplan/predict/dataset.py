@@ -747,6 +747,31 @@ def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = No
                  log: Callable[[str], None] | None = None) -> dict:
     """Add the `{prefix}-Nt` records measured by `measure_device` to the dataset's records.parquet
     and meta.json (replacing earlier ones of those devices: re-running is safe)."""
+    def ours(dev: str) -> bool:
+        return dev.startswith(prefix + "-") and dev[len(prefix) + 1:-1].isdigit() and dev.endswith("t")
+    return _merge_records(ours, lambda m: m["extra"].get("dataset_prog_key"), data=data, store=store,
+                          what="merge-device", none_hint=f"the store holds no measurements of devices '{prefix}-Nt'; "
+                          f"run `tensorplan dataset measure-device --prefix {prefix}` first", log=log)
+
+
+def merge_gpu(name: str, *, data: str | Path | None = None, store: Any = None,
+              log: Callable[[str], None] | None = None) -> dict:
+    """Add GPU `name`'s records of `measure_gpu` to a GPU dataset holding the same programs (its
+    programs.parquet given to `measure-gpu`), replacing earlier records of `name`.
+
+    A store program's key is the hash of its payload (task, index, seed, target, trace), so the
+    programs timed on a second GPU carry the dataset's `prog_key`s: features are shared and only
+    the latencies are new, as for the CPU domains of `merge_device`."""
+    return _merge_records(lambda dev: dev == name, lambda m: m["prog_key"], data=data, store=store,
+                          what="merge-gpu", none_hint=f"the store holds no measurements of device '{name}'; "
+                          f"run `tensorplan dataset measure-gpu --name {name}` first", log=log)
+
+
+def _merge_records(ours: Callable[[str], bool], source_key: Callable[[dict], str | None], *,
+                   data: str | Path | None, store: Any, what: str, none_hint: str,
+                   log: Callable[[str], None] | None) -> dict:
+    """Append a store's measurements of the devices `ours` accepts to a dataset whose programs
+    they time (`source_key(m)` names the dataset program), replacing earlier records of them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from ..measure.store import Store
@@ -758,20 +783,18 @@ def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = No
     rows, devices = [], {}
     for m in st.measurements(kind=PROGRAM_KIND, tag=TAG):
         dev = m["device"]
-        if not (dev.startswith(prefix + "-") and dev[len(prefix) + 1:-1].isdigit() and dev.endswith("t")):
+        if not ours(dev):
             continue
-        src = m["extra"].get("dataset_prog_key")
+        src = source_key(m)
         if src not in pidx:
-            raise TensorplanError(f"merge-device: a {dev} measurement names program {src!r}, which is not in {d}; "
+            raise TensorplanError(f"{what}: a {dev} measurement names program {src!r}, which is not in {d}; "
                                   "measure against the same dataset you merge into")
         devices[dev] = m["dev_key"]
         rows.append((pidx[src], m))
     if not rows:
-        raise TensorplanError(f"merge-device: the store holds no measurements of devices '{prefix}-Nt'; "
-                              f"run `tensorplan dataset measure-device --prefix {prefix}` first")
+        raise TensorplanError(f"{what}: {none_hint}")
     old = pq.read_table(d / "records.parquet")
-    keep = [not (str(x).startswith(prefix + "-")) for x in old.column("device").to_pylist()]
-    old = old.filter(pa.array(keep))
+    old = old.filter(pa.array([not ours(str(x)) for x in old.column("device").to_pylist()]))
     new = pa.table({
         "prog_idx": np.array([i for i, _ in rows], dtype=np.int32),
         "device": [m["device"] for _, m in rows],
@@ -786,14 +809,14 @@ def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = No
     }).cast(old.schema)
     pq.write_table(pa.concat_tables([old, new]), d / "records.parquet", compression="zstd", compression_level=19)
     meta = json.loads((d / "meta.json").read_text())
-    for name in [k for k in meta.get("devices", {}) if k.startswith(prefix + "-")]:
+    for name in [k for k in meta.get("devices", {}) if ours(k)]:
         del meta["devices"][name]
     for name, key in devices.items():
         spec = st.get_device(key)
         meta.setdefault("devices", {})[name] = {"key": key, "spec": spec.to_dict() if spec else None}
     meta["n_records"] = int(len(old) + len(new))
     (d / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
-    log(f"merge-device: {len(new)} records of {sorted(devices)} -> {d}")
+    log(f"{what}: {len(new)} records of {sorted(devices)} -> {d}")
     return {"dir": str(d), "records_added": len(new), "devices": sorted(devices), "records": int(len(old) + len(new))}
 
 
