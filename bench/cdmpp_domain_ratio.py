@@ -4,6 +4,7 @@ Why: a second machine's domain (`tensorplan dataset measure-device`) re-times th
 so the ratio per program shows how far one device factor is from describing the new device.
 
     python bench/cdmpp_domain_ratio.py gpuhost-1t local-1t [gpuhost-16t local-2t ...] [--json]
+    python bench/cdmpp_domain_ratio.py h100 h200 --data data/cdmpp-h100 --json   # two GPUs, same programs
 """
 from __future__ import annotations
 
@@ -13,14 +14,21 @@ import json
 import numpy as np
 
 
-def ratios(ds, a: str, b: str) -> dict:
+def ratios(ds, a: str, b: str, max_mad: float = 0.01) -> dict:
+    """Per-program latency ratio A / B, and how well A's measured latency alone predicts B's
+    (MAPE of A as B: the error floor of a device split from A to B, if B were A), over every
+    common program and over those stable (MAD/median <= max_mad) on both."""
     r = ds.records
-    pa = r[r["device"] == a].set_index("prog_idx")["latency_s"]
-    pb = r[r["device"] == b].set_index("prog_idx")["latency_s"]
+    pa = r[r["device"] == a].set_index("prog_idx")
+    pb = r[r["device"] == b].set_index("prog_idx")
     common = pa.index.intersection(pb.index)
-    q = (pa.loc[common] / pb.loc[common]).to_numpy()
+    q = (pa.loc[common, "latency_s"] / pb.loc[common, "latency_s"]).to_numpy()
     p10, p50, p90 = np.percentile(q, [10, 50, 90]) if len(q) else (np.nan,) * 3
-    return {"a": a, "b": b, "programs": int(len(q)), "median": float(p50), "p10": float(p10), "p90": float(p90)}
+    stable = ((pa.loc[common, "mad_rel"] <= max_mad) & (pb.loc[common, "mad_rel"] <= max_mad)).to_numpy()
+    return {"a": a, "b": b, "programs": int(len(q)), "median": float(p50), "p10": float(p10), "p90": float(p90),
+            "a_as_b_mape_pct": float(100 * np.mean(np.abs(q - 1))) if len(q) else None,
+            "stable_programs": int(stable.sum()),
+            "a_as_b_mape_pct_stable": float(100 * np.mean(np.abs(q[stable] - 1))) if stable.any() else None}
 
 
 def main() -> None:
@@ -39,7 +47,9 @@ def main() -> None:
     else:
         for r in res:
             print(f"{r['a']} / {r['b']}: {r['programs']} programs, median {r['median']:.2f}x "
-                  f"(10th-90th percentile {r['p10']:.2f}-{r['p90']:.2f}x)")
+                  f"(10th-90th percentile {r['p10']:.2f}-{r['p90']:.2f}x); {r['a']} as {r['b']}: MAPE "
+                  f"{r['a_as_b_mape_pct']:.1f}%, {r['a_as_b_mape_pct_stable']:.1f}% on the {r['stable_programs']} "
+                  "programs stable on both")
 
 
 if __name__ == "__main__":

@@ -116,17 +116,22 @@ def test_measure_gpu_times_programs_on_the_gpu(cuda_programs, tmp_path):
 
 
 def test_committed_h100_dataset_holds_gpu_programs():
-    """data/cdmpp-h100 (measured on a lent H100): one GPU domain with its recorded spec, every
-    program featurised as a GPU program, loadable like the CPU dataset."""
+    """data/cdmpp-h100 (measured on a lent H100, re-timed on a lent H200): two GPU domains with
+    their recorded specs over the same programs, every program featurised as a GPU program,
+    loadable like the CPU dataset."""
     import pyarrow.parquet as pq
     from tensorplan.predict.features import FEATURE_GROUPS
     d = D.default_data_dir().parent / "cdmpp-h100"
     if not (d / "records.parquet").exists():
         pytest.skip("GPU dataset not available")
     ds = D.load_dataset(d)
-    assert len(ds) >= 3000 and set(ds.records["device"]) == {"h100"}
+    assert len(ds) >= 6000 and set(ds.records["device"]) == {"h100", "h200"}
     spec = ds.devices["h100"]["spec"]
     assert spec["kind"] == "gpu" and "H100" in spec["model"]
+    h200 = ds.devices["h200"]["spec"]
+    assert h200["kind"] == "gpu" and "H200" in h200["model"] and h200["mem_bw_gbs"] > spec["mem_bw_gbs"]
+    on = {d: set(ds.records.prog_idx[ds.records.device == d]) for d in ("h100", "h200")}
+    assert len(on["h200"]) >= 3000 and on["h200"] <= on["h100"]                   # the H100's programs
     lo, _ = FEATURE_GROUPS["gpu_threads"]
     assert all(float(leaf[:, lo].min()) == 1.0 for leaf in ds.leaves[:500])      # is_gpu on every leaf
     targets = set(pq.read_table(d / "programs.parquet", columns=["target"]).column("target").to_pylist())
@@ -144,8 +149,8 @@ def test_cpu_and_gpu_exports_load_as_one_dataset():
     cpu, gpu = D.load_dataset(cpu_dir), D.load_dataset(gpu_dir)
     both = D.load_dataset(f"{cpu_dir},{gpu_dir}")
     assert len(both) == len(cpu) + len(gpu) == len(both.leaves) == len(both.positions)
-    assert set(both.records["device"]) == set(cpu.records["device"]) | {"h100"}
-    assert set(both.devices) == set(cpu.devices) | {"h100"}
+    assert set(both.records["device"]) == set(cpu.records["device"]) | {"h100", "h200"}
+    assert set(both.devices) == set(cpu.devices) | {"h100", "h200"}
     assert both.devices["h100"]["spec"]["kind"] == "gpu"
     n_cpu_prog = cpu.records["prog_idx"].nunique()
     assert both.records["prog_idx"].nunique() == n_cpu_prog + gpu.records["prog_idx"].nunique()
