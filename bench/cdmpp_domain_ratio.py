@@ -4,12 +4,13 @@ Why: a second machine's domain (`tensorplan dataset measure-device`) re-times th
 so the ratio per program shows how far one device factor is from describing the new device.
 
     python bench/cdmpp_domain_ratio.py gpuhost-1t local-1t [gpuhost-16t local-2t ...] [--json]
-    python bench/cdmpp_domain_ratio.py h100 h200 --data data/cdmpp-h100 --json   # two GPUs, same programs
+    python bench/cdmpp_domain_ratio.py h100 h200 --data data/cdmpp-h100 --out bench/results/cdmpp_domain_ratios_gpu.json   # two GPUs, same programs
 """
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -37,11 +38,14 @@ def main() -> None:
     ap.add_argument("domains", nargs="+", help="pairs A B: latency on A over latency on B")
     ap.add_argument("--data")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args()
     if len(a.domains) % 2:
         ap.error("give domains in pairs A B")
     ds = load_dataset(a.data)
     res = [ratios(ds, x, y) for x, y in zip(a.domains[::2], a.domains[1::2])]
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1))
     if a.json:
         print(json.dumps(res, indent=1))
     else:

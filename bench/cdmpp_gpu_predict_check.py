@@ -1,11 +1,12 @@
-"""`tensorplan predict MODEL --device h100` against what the H100 measured, without a GPU.
+"""`tensorplan predict MODEL --device h100` (or `h200`) against what that GPU measured, without a GPU.
 
 Why: a GPU prediction is made on a machine without one, so `predict --measure` cannot check it.
 But each kernel's GPU program is draw `sample` of its task's CUDA design space with the dataset
 sampler's seeds, and `data/cdmpp-h100/` holds the H100's timings of those very draws (task key +
 draw index) wherever the GPU session measured them. This script predicts each network as a user
 would and looks every kernel's program up there: per-kernel error, and the whole network where
-every kernel's program was timed.
+every kernel's program was timed. `--device h200`: the same programs as the H200 ran them (it
+re-timed the H100's; TVM schedules the H200 with the H100's tag), predicted by the H100 model.
 
 Two predictors per network:
   shipped   the shipped H100 model (trained on every stable H100 record: the network's own
@@ -17,6 +18,7 @@ One JSON line per (network, predictor) in the JSONL, appended when done (a kille
 `--summary` writes the table (JSON).
 
     python bench/cdmpp_gpu_predict_check.py --networks resnet-50,bert-base --holdout
+    python bench/cdmpp_gpu_predict_check.py --device h200
     python bench/cdmpp_gpu_predict_check.py --summary
 """
 from __future__ import annotations
@@ -34,14 +36,14 @@ DATA = "data/cdmpp-h100"
 OUT = Path("bench/results/cdmpp_gpu_predict_check.jsonl")
 
 
-def measured_programs(data: str = DATA) -> dict[tuple[str, int], dict]:
-    """(task key, draw index) -> the H100's median latency of that program and whether it is stable."""
+def measured_programs(data: str = DATA, device: str = "h100") -> dict[tuple[str, int], dict]:
+    """(task key, draw index) -> `device`'s median latency of that program and whether it is stable."""
     import pandas as pd
 
     from tensorplan.predict.dataset import load_dataset
     ds = load_dataset(data)
     progs = pd.read_parquet(Path(data) / "programs.parquet")[["prog_idx", "index"]]
-    r = ds.records[ds.records["device"] == "h100"].merge(progs, on="prog_idx")   # not the H200's re-timing
+    r = ds.records[ds.records["device"] == device].merge(progs, on="prog_idx")
     return {(k, int(i)): {"us": 1e6 * float(s), "stable": bool(m <= 0.01)}
             for k, i, s, m in zip(r.task_key, r["index"], r.latency_s, r.mad_rel)}
 
@@ -54,7 +56,7 @@ def check(pred: dict, timed: dict) -> dict:
         k = dict(k)
         hit = timed.get((k["key"], k["sample"])) if k.get("sample") is not None else None
         if hit is None:
-            k["measure_error"] = "program not timed on the H100"
+            k["measure_error"] = "program not timed on this GPU"
         else:
             k["measured_us"], k["stable"] = hit["us"], hit["stable"]
         ks.append(k)
@@ -81,28 +83,28 @@ def holdout_model(net: str, members: int, max_time: float, data: str = DATA) -> 
 def _done(out: Path) -> set:
     if not out.exists():
         return set()
-    return {(r["network"], r["predictor"]) for r in map(json.loads, out.read_text().splitlines()) if r}
+    return {(r["network"], r["predictor"], r.get("device", "h100")) for r in map(json.loads, out.read_text().splitlines()) if r}
 
 
-def run(networks: list[str], holdout: bool, members: int, max_time: float, out: Path) -> None:
+def run(networks: list[str], holdout: bool, members: int, max_time: float, out: Path, device: str = "h100") -> None:
     import torch
 
     from tensorplan.predict.evaluate import machine_info
     from tensorplan.predict.network import predict_network
     torch.set_num_threads(2)
-    timed = measured_programs()
+    timed = measured_programs(device=device)
     done = _done(out)
     for net in networks:
         for who in ["shipped"] + (["held-out"] if holdout else []):
-            if (net, who) in done:
+            if (net, who, device) in done:
                 continue
             t0 = time.time()
             weights, train_info = None, None
             if who == "held-out":
                 weights, train_info = holdout_model(net, members, max_time)
-            pred = predict_network(net, device="h100", weights=weights)
+            pred = predict_network(net, device=device, weights=weights)
             res = check(pred, timed)
-            rec = {"network": net, "predictor": who, "weights": weights or pred["weights"],
+            rec = {"network": net, "predictor": who, "device": device, "weights": weights or pred["weights"],
                    "train": train_info, **res, "cpu": machine_info().get("cpu", ""),
                    "loadavg": list(os.getloadavg()), "wall_s": time.time() - t0, "created": time.time()}
             with out.open("a") as f:
@@ -110,7 +112,7 @@ def run(networks: list[str], holdout: bool, members: int, max_time: float, out: 
             s = res["summary"]
             tot = (f"network {s['predicted_ms']:.3f} ms predicted / {s['measured_ms']:.3f} ms measured"
                    if s["whole_network"] else f"{s['kernels_measured']}/{s['kernels']} kernels timed")
-            print(f"{net:20s} {who:9s} per-kernel MAPE {s['per_kernel']['mape_pct']:6.1f}%  {tot}", flush=True)
+            print(f"{net:20s} {device:5s} {who:9s} per-kernel MAPE {s['per_kernel']['mape_pct']:6.1f}%  {tot}", flush=True)
 
 
 def summary(out: Path) -> dict:
@@ -118,7 +120,8 @@ def summary(out: Path) -> dict:
     table = []
     for r in rows:
         s = r["summary"]
-        table.append({"network": r["network"], "predictor": r["predictor"], "kernels": s["kernels"],
+        table.append({"network": r["network"], "predictor": r["predictor"], "device": r.get("device", "h100"),
+                      "kernels": s["kernels"],
                       "kernels_timed": s["kernels_measured"], "per_kernel_mape_pct": s["per_kernel"]["mape_pct"],
                       "per_kernel_median_ape_pct": s["per_kernel"].get("median_ape_pct"),
                       "spearman": s.get("spearman_across_kernels"),
@@ -128,7 +131,7 @@ def summary(out: Path) -> dict:
     p = out.with_suffix(".json")
     p.write_text(json.dumps(res, indent=1, default=float))
     for t in table:
-        print(f"{t['network']:20s} {t['predictor']:9s} kernels {t['kernels_timed']:3d}/{t['kernels']:3d}  "
+        print(f"{t['network']:20s} {t['device']:5s} {t['predictor']:9s} kernels {t['kernels_timed']:3d}/{t['kernels']:3d}  "
               f"MAPE {t['per_kernel_mape_pct']:6.1f}%  pred/meas (timed kernels) {t['total_ratio']:.2f}"
               + ("  whole network" if t["whole_network"] else ""))
     return res
@@ -139,10 +142,11 @@ def main(networks: str = typer.Option("resnet-50,bert-base,yolox-nano,segformer-
          holdout: bool = typer.Option(False, "--holdout", help="Also train a model without each network's tasks."),
          members: int = typer.Option(1, help="Seeds of the held-out model."),
          max_time: float = typer.Option(180.0, help="Training budget per seed (s)."),
+         device: str = typer.Option("h100", help="GPU domain whose timings to check against: h100 or h200."),
          out: Path = typer.Option(OUT, help="JSONL of results (appended)."),
          do_summary: bool = typer.Option(False, "--summary", help="Only write the summary of the JSONL.")) -> None:
     if not do_summary:
-        run([n for n in networks.split(",") if n], holdout, members, max_time, out)
+        run([n for n in networks.split(",") if n], holdout, members, max_time, out, device)
     summary(out)
 
 

@@ -135,6 +135,13 @@ STEPS: list[tuple[str, list[str], float]] = [
                                 "--shard", "1/2", "--out", "bench/results/cdmpp_by_network_totals.jsonl"], 35),
     ("cdmpp-network-totals", [PY, "bench/cdmpp_network_totals.py"], 3),
     ("cdmpp-gpu-predict-check", [PY, "bench/cdmpp_gpu_predict_check.py", "--holdout"], 25),
+    # the H200 re-timed the H100's programs (docs/cdmpp.md, "A second GPU: the H200"): the gap
+    # between the two, then the held-out-device split from one to the other
+    ("cdmpp-gpu-ratio", [PY, "bench/cdmpp_domain_ratio.py", "h100", "h200", "--data", "data/cdmpp-h100", "--json",
+                         "--out", "bench/results/cdmpp_domain_ratios_gpu.json"], 0.5),
+    ("cdmpp-eval-h200", [TP, "evaluate", "--data", "data/cdmpp-h100", "--splits", "device", "--source", "h100",
+                         "--target", "h200", "--models", "xgboost,xgboost-hier,xgboost-deep,roofline,mlp,cdmpp,tlp",
+                         "--out", "bench/results/cdmpp_eval_h200.json"], 25),
     ("codl-predictor", [PY, "bench/codl_predictor.py"], 5),
     ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),
     ("codl-simulate", [PY, "bench/codl_simulate.py", "--seeds", "3"], 5),

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tensorplan.errors import TensorplanError
@@ -136,6 +137,11 @@ def test_a_gpu_is_predicted_from_cuda_programs_with_the_shipped_h100_model():
     assert sxm["total_ms"] == pytest.approx(r["total_ms"])
     pcie = predict_network("tiny-cnn", device="h100-pcie")
     assert pcie["same_device_as"] is None and "zero-shot" in pcie["warning"]
+    # TVM has no H200 tag: the catalog schedules it as the H100 (same die), the programs it ran
+    h200 = predict_network("tiny-cnn", device="h200")
+    assert [k["key"] for k in h200["kernels"]] == [k["key"] for k in r["kernels"]]
+    assert [k["sample"] for k in h200["kernels"]] == [k["sample"] for k in r["kernels"]]
+    assert "zero-shot" in h200["warning"] and h200["total_ms"] > 0
 
 
 def test_big_convolutions_get_a_valid_cuda_schedule():
@@ -217,6 +223,11 @@ def test_gpu_predictions_are_checked_against_the_h100_timings_of_the_same_progra
     assert s["whole_network"] and s["kernels_measured"] == s["kernels"] >= 4
     assert 0.2 < s["total_ratio"] < 5 and s["measured_ms"] > 0
     assert all(k["measured_us"] == timed[(k["key"], k["sample"])]["us"] for k in res["kernels"])
+    # the H200 re-timed the same programs: its own timings, close to the H100's
+    t200 = gpc.measured_programs(device="h200")
+    assert len(t200) > 3000 and t200.keys() <= timed.keys()
+    ratio = np.median([t200[k]["us"] / timed[k]["us"] for k in t200])
+    assert 0.8 < ratio < 1.25 and any(t200[k]["us"] != timed[k]["us"] for k in t200)
 
 
 def test_cpu_checks_from_several_hosts_are_pooled_per_host(tmp_path):

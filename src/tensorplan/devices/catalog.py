@@ -70,18 +70,22 @@ def _server_cpu(name, model, vendor, cores, threads, base, flop_cycle, l1, l2, l
                       model=model, aliases=aliases)
 
 
-def _nv_gpu(name, model, sms, cuda_cores, boost, peak_tflops, bw, mem_gb, l1_sm, l2, isa, sheet, arch, aliases, match):
+def _nv_gpu(name, model, sms, cuda_cores, boost, peak_tflops, bw, mem_gb, l1_sm, l2, isa, sheet, arch, aliases, match,
+            *, l2_src=None, tvm_tag=None):
+    """`tvm_tag`: the TVM CUDA target to schedule for when TVM has no tag of this GPU's own (a GPU of
+    the same die, whose per-block limits are this one's)."""
     src = {
         "cores": f"SM count; {arch}", "threads": f"fp32 CUDA cores ({cuda_cores}); {arch}",
         "clock_ghz": f"boost clock; {arch}",
         "peak_fp32_gflops": f"{sheet} (fp32, non-tensor; = {cuda_cores} cores x 2 x {boost} GHz)",
-        "mem_bw_gbs": sheet, "mem_gb": sheet, "l1_kb": f"L1/shared per SM; {arch}", "l2_kb": arch, "l3_kb": "no L3",
-        "isa": arch,
+        "mem_bw_gbs": sheet, "mem_gb": sheet, "l1_kb": f"L1/shared per SM; {arch}", "l2_kb": l2_src or arch,
+        "l3_kb": "no L3", "isa": arch,
     }
+    extra = {"match": match, **({"tvm_tag": tvm_tag} if tvm_tag else {})}
     return DeviceSpec(name=name, kind="gpu", cores=sms, threads=cuda_cores, clock_ghz=boost,
                       peak_fp32_gflops=peak_tflops * 1000.0, mem_bw_gbs=bw, l1_kb=l1_sm, l2_kb=l2, l3_kb=0,
                       isa=isa, vendor="NVIDIA", sources=src, model=model, mem_gb=mem_gb, aliases=aliases,
-                      extra={"match": match})
+                      extra=extra)
 
 
 def _mobile_cpu(name, model, vendor, clusters, l1, l2, l3, bw_mts, isa, brief, cache_src, aliases):
@@ -136,8 +140,12 @@ def _build() -> list[DeviceSpec]:
                 tc + ["bf16", "tf32", "fp8"], _H100, _HOPPER, ["h100", "h100-sxm5", "nvidia-h100"], ["h100 80gb hbm3", "h100-sxm", "h100 sxm", "h100"]),
         _nv_gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 114, 14592, 1.755, 51.0, 2000, 80, 256, 51200,
                 tc + ["bf16", "tf32", "fp8"], _H100, _HOPPER, ["h100-pcie-80gb"], ["h100 pcie"]),
-        _nv_gpu("h200-sxm", "NVIDIA H200 SXM 141GB", 132, 16896, 1.98, 67.0, 4800, 141, 256, 51200,
-                tc + ["bf16", "tf32", "fp8"], _H200, _HOPPER, ["h200", "nvidia-h200"], ["h200"]),
+        # TVM 0.27 has no H200 tag; it is the H100's GH100 die (compute capability 9.0, same SM),
+        # and the H100-scheduled programs of data/cdmpp-h100 ran on a lent H200 as domain h200
+        _nv_gpu("h200-sxm", "NVIDIA H200 SXM 141GB", 132, 16896, 1.98, 67.0, 4800, 141, 256, 61440,
+                tc + ["bf16", "tf32", "fp8"], _H200, _HOPPER, ["h200", "nvidia-h200"], ["h200"],
+                l2_src="torch.cuda.get_device_properties(0).L2_cache_size on a lent NVIDIA H200, 2026-11-27 "
+                       "(recorded spec of domain h200, data/cdmpp-h100/meta.json)", tvm_tag="nvidia/nvidia-h100"),
         _nv_gpu("rtx4090", "NVIDIA GeForce RTX 4090", 128, 16384, 2.52, 82.6, 1008, 24, 128, 73728,
                 tc + ["bf16", "tf32", "fp8"], _ADA, _ADA, ["4090", "rtx-4090", "geforce-rtx-4090"], ["rtx 4090"]),
         # ---- server CPUs ---------------------------------------------------------------------

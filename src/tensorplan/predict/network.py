@@ -75,12 +75,16 @@ def domain_kind(domain: str) -> str:
 
 def gpu_target(domain: str):
     """The TVM target a GPU domain's programs are scheduled for: its `nvidia/...` tag (the tag the
-    GPU dataset was sampled with for the H100); a clear error for a GPU TVM has no tag for."""
+    GPU dataset was sampled with for the H100), or the catalog's `tvm_tag` of a GPU of the same die
+    (the H200 -> the H100's); a clear error for a GPU TVM has no tag for."""
     import tvm
 
     from ..devices import resolve
     spec = resolve(domain)
-    names = [domain, spec.name, str((spec.extra or {}).get("catalog", ""))]
+    extra = spec.extra or {}
+    if extra.get("tvm_tag"):                   # a GPU TVM has no tag of its own for (the H200)
+        return tvm.target.Target(extra["tvm_tag"])
+    names = [domain, spec.name, str(extra.get("catalog", ""))]
     for n in names:
         base = re.split(r"-(?:sxm|pcie|nvl)", n.lower())[0]              # 'a100-sxm4-40gb' -> 'a100'
         for b in dict.fromkeys((base, re.sub(r"([a-z])(\d)", r"\1-\2", base))):  # 'rtx4090' -> 'rtx-4090'
