@@ -124,19 +124,24 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
                         + (f"; merged into {d['merge']['dir']} ({d['merge']['records']} records)" if merge else ""))
 
 
+def _merge_and_report(merge, key: str, data: Optional[Path], store: Optional[Path], json_out: bool, wrote: str) -> None:
+    """Run a `dataset.merge_*` on an existing store and print what it added."""
+    from ..errors import StoreError
+    if store is not None and not store.exists():
+        raise StoreError(f"store '{store}' does not exist; pass the --store {wrote} wrote to")
+    r = merge(key, data=data, store=store)
+    print(json.dumps(r, indent=1) if json_out else f"{r['records_added']} records of {', '.join(r['devices'])} "
+          f"-> {r['dir']} ({r['records']} records)")
+
+
 @dataset_app.command("merge-device")
 def merge_device(prefix: str = typer.Option(..., "--prefix", help="Domains <prefix>-<N>t measured by measure-device."),
                  data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: the committed data/cdmpp/)."),
                  store: Optional[Path] = _STORE_OPT,
                  json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Add the records of a (possibly interrupted) measure-device run to the dataset."""
-    from ..errors import StoreError
     from ..predict.dataset import merge_device as _merge
-    if store is not None and not store.exists():
-        raise StoreError(f"store '{store}' does not exist; pass the --store measure-device wrote to")
-    r = _merge(prefix, data=data, store=store)
-    print(json.dumps(r, indent=1) if json_out else f"{r['records_added']} records of {', '.join(r['devices'])} "
-          f"-> {r['dir']} ({r['records']} records)")
+    _merge_and_report(_merge, prefix, data, store, json_out, "measure-device")
 
 
 @dataset_app.command("merge-gpu")
@@ -145,13 +150,8 @@ def merge_gpu(name: str = typer.Option(..., "--name", help="GPU domain timed by 
               store: Optional[Path] = _STORE_OPT,
               json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Add a second GPU's timings of a GPU dataset's own programs to that dataset (a new domain)."""
-    from ..errors import StoreError
     from ..predict.dataset import merge_gpu as _merge
-    if store is not None and not store.exists():
-        raise StoreError(f"store '{store}' does not exist; pass the --store measure-gpu wrote to")
-    r = _merge(name, data=data, store=store)
-    print(json.dumps(r, indent=1) if json_out else f"{r['records_added']} records of {', '.join(r['devices'])} "
-          f"-> {r['dir']} ({r['records']} records)")
+    _merge_and_report(_merge, name, data, store, json_out, "measure-gpu")
 
 
 @dataset_app.command("sample")
