@@ -382,6 +382,15 @@ def test_merge_gpu_adds_a_second_gpu_of_the_same_programs(tmp_path):
     assert ds.devices["testgpu"]["spec"]["mem_bw_gbs"] == 4800
     with pytest.raises(Exception, match="measure-gpu --name h300"):
         D.merge_gpu("h300", data=data, store=st, log=lambda s: None)
+    # the CLI: the same merge by name, a missing store named with the command that writes one
+    from typer.testing import CliRunner
+    from tensorplan.cli import app
+    res = CliRunner().invoke(app, ["dataset", "merge-gpu", "--name", "testgpu", "--data", str(data),
+                                   "--store", str(tmp_path / "gpu.sqlite"), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["records"] == again["records"]
+    res = CliRunner().invoke(app, ["dataset", "merge-gpu", "--name", "testgpu", "--data", str(data),
+                                   "--store", str(tmp_path / "nope.sqlite")])
+    assert res.exit_code != 0 and "measure-gpu" in str(res.exception or res.output)
     other = dict(payload, seed=-1)
     st.put_measurements([(st.put_program(D.PROGRAM_KIND, other), dev, t, D.TAG, {"timer": D.TIMER_VERSION})])
     with pytest.raises(Exception, match="not in"):
