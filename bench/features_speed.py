@@ -9,7 +9,12 @@ Measures, interleaved over `--rounds` rounds (median reported, machine load reco
   tvm_pst    TVM's C++ meta_schedule PerStoreFeature (its own lowering + features, no tree);
              a hybrid "C++ leaves + Python tree" path would cost at least tvm_pst + lower + a tree walk.
 
+`--scaling 1,4,8,16` measures instead only featurize_many at each worker count (interleaved per
+round; batch = n / (4 x workers), at least 8): how throughput grows with cores on a many-core host.
+The programs are then replayed in forked workers too (replay is ~35 ms/program, 10x featurisation).
+
     .venv/bin/python bench/features_speed.py --n 200 --out bench/results/features_speed.json
+    python bench/features_speed.py --n 3200 --scaling 1,2,4,8,16 --out bench/results/features_scaling_gpuhost.json
 """
 from __future__ import annotations
 
@@ -50,6 +55,51 @@ def pass_costs(mods: list, ref: list) -> dict:
     return out
 
 
+def replay(ds, record_ids: list[int], workers: int) -> list:
+    """Scheduled IRModules of the records; replayed in forked workers (sent back as TVM JSON)."""
+    import tvm
+    from tensorplan.forkmap import fork_map
+    from tensorplan.predict import dataset as D
+    if workers <= 1:
+        return [D.record_schedule(ds, r).mod for r in record_ids]
+    js = fork_map(lambda a, b: [tvm.ir.save_json(D.record_schedule(ds, r).mod) for r in record_ids[a:b]],
+                  len(record_ids), workers=workers, chunk=32)
+    return [tvm.ir.load_json(j) for j in js]
+
+
+def scaling(a, ds, record_ids: list[int]) -> None:
+    """featurize_many throughput per worker count, rounds interleaved, medians."""
+    from tensorplan.forkmap import default_workers
+    from tensorplan.predict import features as F
+    counts = [int(w) for w in a.scaling.split(",")]
+    t = time.perf_counter()
+    mods = replay(ds, record_ids, default_workers())
+    replay_s = time.perf_counter() - t
+    n = len(mods)
+    F.featurize_many(mods[:8])                       # warm: pass pipeline, type tables
+    res: dict[int, list[float]] = {w: [] for w in counts}
+    for _ in range(a.rounds):
+        for w in counts:
+            t = time.perf_counter()
+            out = F.featurize_many(mods, workers=w, batch=max(8, n // (4 * w)))
+            res[w].append(n / (time.perf_counter() - t))
+            assert len(out) == n and all(o.n_leaves > 0 for o in out)
+    base = statistics.median(res[counts[0]])
+    summary = {str(w): {"median_programs_per_s": statistics.median(v), "all": v,
+                        "speedup_vs_first": statistics.median(v) / base} for w, v in res.items()}
+    report = {"bench": "features_speed_scaling", "programs": n, "rounds": a.rounds,
+              "replay_s_all_workers": replay_s, "scaling": summary,
+              "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                          "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
+                          "python": platform.python_version()},
+              "created": time.time()}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(report, indent=1))
+    for w, v in summary.items():
+        print(f"workers {w:>3s} {v['median_programs_per_s']:8.1f} programs/s ({v['speedup_vs_first']:.2f}x)")
+    print(f"{n} programs, replay {replay_s:.1f} s; load average {os.getloadavg()}; wrote {a.out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None, help="dataset directory (default: committed data/cdmpp)")
@@ -57,6 +107,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench/results/features_speed.json")
     ap.add_argument("--no-passes", action="store_true", help="skip the per-pass lowering costs (the slowest part)")
+    ap.add_argument("--scaling", default=None, metavar="W1,W2,..",
+                    help="only featurize_many throughput at these worker counts (many-core hosts)")
     a = ap.parse_args()
 
     import numpy as np
@@ -67,6 +119,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     progs = ds.records.drop_duplicates("prog_idx")
     pick = rng.choice(len(progs), size=min(a.n, len(progs)), replace=False)
+    if a.scaling:
+        return scaling(a, ds, [int(progs.iloc[i]["record_id"]) for i in pick])
     t = time.perf_counter()
     schs = [D.record_schedule(ds, int(progs.iloc[i]["record_id"])) for i in pick]
     replay_ms = (time.perf_counter() - t) / len(schs) * 1e3

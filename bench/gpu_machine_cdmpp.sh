@@ -6,7 +6,7 @@
 # the tracked tree takes ~40 MB, so TVM goes in pieces of < 24 MB, one per call:
 #   calls 1..N-1: carry .tvmpack/pK (K = 0, 1, ...) -> `$0 stash` (keeps the piece in /tmp/pk)
 #   call N:       carry the last .tvmpack/pK -> `$0 install` (TVM under /tmp/site)
-# then `$0 gpu MINUTES`, `$0 cpu MINUTES`, `$0 features [N]`, `$0 out` in the same or later calls while the machine
+# then `$0 gpu MINUTES`, `$0 cpu MINUTES`, `$0 features [N]`, `$0 scaling [N]`, `$0 out` in the same or later calls while the machine
 # stays warm (stores live in /tmp and are resumable).  Build the pieces here with `$0 pack`;
 # the programs to time go in the last piece (PROGRAMS=.tvmpack/pK/FILE.parquet), e.g. from
 #   tensorplan dataset sample --target nvidia/nvidia-h100 -o FILE    (new programs), or
@@ -16,7 +16,7 @@
 #   tensorplan dataset merge-gpu --name h200 --store gpu.sqlite --data data/cdmpp-h100  (same programs, new GPU)
 #   tensorplan dataset merge-device --prefix gpuhost --store cpu.sqlite
 set -uo pipefail
-step=${1:?step: pack|stash|install|gpu|cpu|features|out}
+step=${1:?step: pack|stash|install|gpu|cpu|features|scaling|out}
 site=/tmp/site
 env_setup() {
   export PYTHONPATH=$site:$PWD/src PYTHONUNBUFFERED=1
@@ -63,6 +63,9 @@ features)  # device: featurisation throughput on this machine's cores (the issue
            # the 2-core VM reaches 579/s with 2 workers, docs/cdmpp.md)
   env_setup
   python3 bench/features_speed.py --n "${2:-800}" --no-passes --out $OUT/features_speed_gpuhost.json ;;
+scaling)   # device: featurisation throughput per worker count (1 .. all cores) on N programs
+  env_setup
+  python3 bench/features_speed.py --n "${2:-2400}" --scaling "1,4,8,$(nproc)" --out $OUT/features_scaling_gpuhost.json ;;
 out)
   for f in /tmp/gpu.sqlite /tmp/cpu.sqlite; do [ -f $f ] && xz -T0 -6 -c $f > $OUT/$(basename $f).xz; done
   ls -la $OUT ;;
