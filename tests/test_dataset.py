@@ -307,11 +307,11 @@ def test_measure_device_merges_a_new_domain(tmp_path):
     shutil.copytree(src, data)
     store = tmp_path / "dev.sqlite"
     code = ("import json, sys; from tensorplan.predict import dataset as D; "
-            f"st = D.measure_device('testcpu', data={str(data)!r}, store={str(store)!r}, programs_per_task=1, "
+            f"st = D.measure_device('testcpu', data={str(data)!r}, store=sys.argv[3], programs_per_task=1, "
             "budget_minutes=float(sys.argv[2]), progress=False, workers=int(sys.argv[1]), log=lambda s: None); "
             "print(json.dumps(st.to_dict()))")
-    def run(workers: int, minutes: float = 0.1) -> dict:
-        out = subprocess.run([sys.executable, "-c", code, str(workers), str(minutes)], check=True,
+    def run(workers: int, minutes: float = 0.1, store=store) -> dict:
+        out = subprocess.run([sys.executable, "-c", code, str(workers), str(minutes), str(store)], check=True,
                              capture_output=True, text=True, timeout=600).stdout
         return json.loads(out.strip().splitlines()[-1])
     first = run(1)
@@ -342,6 +342,16 @@ def test_measure_device_merges_a_new_domain(tmp_path):
     np.testing.assert_allclose(arr.device[0], device_features("testcpu-2t", ds.devices), rtol=1e-6)
     with pytest.raises(Exception, match="measure-device"):
         D.merge_device("nothere", data=data, store=store, log=lambda s: None)
+    # a later session (another machine of the same kind, a fresh store) times only programs the
+    # dataset does not hold yet, and merging it keeps the earlier records
+    third = run(1, 0.1, tmp_path / "dev2.sqlite")
+    assert third["skipped_done"] == first["programs"] + second["programs"] and third["programs"] >= 1
+    more = D.merge_device("testcpu", data=data, store=tmp_path / "dev2.sqlite", log=lambda s: None)
+    assert more["records"] == info["records"] + 2 * third["programs"]
+    ds2 = D.load_dataset(data)
+    both = ds2.records[ds2.records["device"] == "testcpu-1t"]
+    assert len(both) == first["programs"] + second["programs"] + third["programs"]
+    assert both["prog_idx"].is_unique
 
 
 def test_merge_gpu_adds_a_second_gpu_of_the_same_programs(tmp_path):

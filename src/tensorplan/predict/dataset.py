@@ -613,6 +613,20 @@ def device_programs(data: str | Path | None = None, programs_per_task: int = 8, 
     return round_robin(chosen)
 
 
+def in_dataset(data: Path, devices: Sequence[str]) -> set[str]:
+    """Keys of the dataset programs already timed on every one of `devices` (a later session on
+    another machine of the same kind then times only new programs; `merge_device` keeps both)."""
+    import pyarrow.parquet as pq
+    rec = pq.read_table(data / "records.parquet", columns=["prog_idx", "device"]).to_pandas()
+    rec = rec[rec["device"].isin(list(devices))]
+    full = rec.groupby("prog_idx")["device"].nunique()
+    idx = set(full.index[full == len(set(devices))])
+    if not idx:
+        return set()
+    prog = pq.read_table(data / "programs.parquet", columns=["prog_idx", "prog_key"]).to_pandas()
+    return set(prog.loc[prog["prog_idx"].isin(idx), "prog_key"])
+
+
 def round_robin(programs: Sequence[dict]) -> list[dict]:
     """Order programs task by task in turns (each task's own order kept), so a run stopped early
     covers every task evenly."""
@@ -652,7 +666,7 @@ def measure_device(prefix: str, *, data: str | Path | None = None, store: Any = 
     st = store if isinstance(store, Store) else Store(store)
     target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
     job = st.job(f"cdmpp-device-{prefix}-v{TIMER_VERSION}")
-    done = job.done_keys()
+    done = job.done_keys() | in_dataset(d, [f"{prefix}-{t}t" for t in threads])
     todo = [p for p in device_programs(d, programs_per_task, seed) if p["prog_key"] not in done]
     tasks = pq.read_table(d / "tasks.parquet").to_pandas().set_index("task_key")
     pre = None
@@ -746,7 +760,7 @@ def pace(what: str, stats: CollectStats, t_start: float, last: float, budget_min
 def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = None,
                  log: Callable[[str], None] | None = None) -> dict:
     """Add the `{prefix}-Nt` records measured by `measure_device` to the dataset's records.parquet
-    and meta.json (replacing earlier ones of those devices: re-running is safe)."""
+    and meta.json (a program timed again replaces its earlier record: re-running is safe)."""
     def ours(dev: str) -> bool:
         return dev.startswith(prefix + "-") and dev[len(prefix) + 1:-1].isdigit() and dev.endswith("t")
     return _merge_records(ours, lambda m: m["extra"].get("dataset_prog_key"), data=data, store=store,
@@ -757,7 +771,7 @@ def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = No
 def merge_gpu(name: str, *, data: str | Path | None = None, store: Any = None,
               log: Callable[[str], None] | None = None) -> dict:
     """Add GPU `name`'s records of `measure_gpu` to a GPU dataset holding the same programs (its
-    programs.parquet given to `measure-gpu`), replacing earlier records of `name`.
+    programs.parquet given to `measure-gpu`); a program timed again replaces its earlier record.
 
     A store program's key is the hash of its payload (task, index, seed, target, trace), so the
     programs timed on a second GPU carry the dataset's `prog_key`s: features are shared and only
@@ -771,7 +785,8 @@ def _merge_records(ours: Callable[[str], bool], source_key: Callable[[dict], str
                    data: str | Path | None, store: Any, what: str, none_hint: str,
                    log: Callable[[str], None] | None) -> dict:
     """Append a store's measurements of the devices `ours` accepts to a dataset whose programs
-    they time (`source_key(m)` names the dataset program), replacing earlier records of them."""
+    they time (`source_key(m)` names the dataset program). A (program, device) pair timed again
+    replaces its earlier record; records of programs the store did not time are kept."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from ..measure.store import Store
@@ -794,7 +809,9 @@ def _merge_records(ours: Callable[[str], bool], source_key: Callable[[dict], str
     if not rows:
         raise TensorplanError(f"{what}: {none_hint}")
     old = pq.read_table(d / "records.parquet")
-    old = old.filter(pa.array([not ours(str(x)) for x in old.column("device").to_pylist()]))
+    fresh = {(i, m["device"]) for i, m in rows}
+    old = old.filter(pa.array([not (ours(str(dv)) and (int(i), str(dv)) in fresh)
+                               for i, dv in zip(old.column("prog_idx").to_pylist(), old.column("device").to_pylist())]))
     new = pa.table({
         "prog_idx": np.array([i for i, _ in rows], dtype=np.int32),
         "device": [m["device"] for _, m in rows],
