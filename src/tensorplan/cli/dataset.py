@@ -104,7 +104,8 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
     """Time the dataset's programs on this machine as a new device domain; resumable.
 
     Same schedules and features, new latencies: for cross-device evaluation and few-shot
-    fine-tuning."""
+    fine-tuning. Programs the dataset already holds on every requested domain are skipped, so a
+    second machine of the same kind adds new programs."""
     from ..errors import TensorplanError
     try:
         ths = [int(t) for t in threads.split(",") if t.strip()]
