@@ -344,6 +344,7 @@ def test_measure_device_merges_a_new_domain(tmp_path):
         D.merge_device("nothere", data=data, store=store, log=lambda s: None)
     # a later session (another machine of the same kind, a fresh store) times only programs the
     # dataset does not hold yet, and merging it keeps the earlier records
+    first_spec = D.load_dataset(data).devices["testcpu-1t"]["spec"]
     third = run(1, 0.1, tmp_path / "dev2.sqlite")
     assert third["skipped_done"] == first["programs"] + second["programs"] and third["programs"] >= 1
     more = D.merge_device("testcpu", data=data, store=tmp_path / "dev2.sqlite", log=lambda s: None)
@@ -352,6 +353,14 @@ def test_measure_device_merges_a_new_domain(tmp_path):
     both = ds2.records[ds2.records["device"] == "testcpu-1t"]
     assert len(both) == first["programs"] + second["programs"] + third["programs"]
     assert both["prog_idx"].is_unique
+    assert ds2.devices["testcpu-1t"]["spec"] == first_spec       # the domain keeps its first spec
+    # records of another CPU model cannot join a domain
+    meta = json.loads((data / "meta.json").read_text())
+    meta["devices"]["testcpu-1t"]["spec"]["model"] = "Some Other CPU"
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(Exception, match="Some Other CPU"):
+        D.merge_device("testcpu", data=data, store=tmp_path / "dev2.sqlite", log=lambda s: None)
+    assert len(D.load_dataset(data).records) == more["records"]               # nothing written
 
 
 def test_merge_gpu_adds_a_second_gpu_of_the_same_programs(tmp_path):

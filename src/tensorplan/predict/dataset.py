@@ -781,12 +781,25 @@ def merge_gpu(name: str, *, data: str | Path | None = None, store: Any = None,
                           f"run `tensorplan dataset measure-gpu --name {name}` first", log=log)
 
 
+def _check_same_model(first: dict, later: dict, name: str, what: str) -> None:
+    """Records of one domain must come from one kind of machine."""
+    a, b = ((e.get("spec") or {}).get("model") for e in (first, later))
+    if a and b and a != b:
+        raise TensorplanError(f"{what}: domain {name} was measured on '{a}', this store's machine is '{b}'; "
+                              "name another machine's domains differently (--prefix / --name)")
+
+
 def _merge_records(ours: Callable[[str], bool], source_key: Callable[[dict], str | None], *,
                    data: str | Path | None, store: Any, what: str, none_hint: str,
                    log: Callable[[str], None] | None) -> dict:
     """Append a store's measurements of the devices `ours` accepts to a dataset whose programs
     they time (`source_key(m)` names the dataset program). A (program, device) pair timed again
-    replaces its earlier record; records of programs the store did not time are kept."""
+    replaces its earlier record; records of programs the store did not time are kept.
+
+    A domain that keeps earlier records keeps its spec too (the figures models read), and a later
+    machine's spec is listed under `later_specs`: on the shared lent machines a second single-thread
+    triad read 11 GB/s where the first read 17.5, and the records of both fit the first (docs/cdmpp.md).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
     from ..measure.store import Store
@@ -824,13 +837,22 @@ def _merge_records(ours: Callable[[str], bool], source_key: Callable[[dict], str
         "number": np.array([m["number"] for _, m in rows], dtype=np.int32),
         "timer_version": np.array([int(m["extra"].get("timer", 1)) for _, m in rows], dtype=np.int8),
     }).cast(old.schema)
-    pq.write_table(pa.concat_tables([old, new]), d / "records.parquet", compression="zstd", compression_level=19)
     meta = json.loads((d / "meta.json").read_text())
-    for name in [k for k in meta.get("devices", {}) if ours(k)]:
-        del meta["devices"][name]
+    kept = set(old.column("device").to_pylist())        # domains with earlier records still there
+    known = meta.setdefault("devices", {})
+    for name in [k for k in known if ours(k) and k not in kept]:
+        del known[name]
     for name, key in devices.items():
         spec = st.get_device(key)
-        meta.setdefault("devices", {})[name] = {"key": key, "spec": spec.to_dict() if spec else None}
+        entry = {"key": key, "spec": spec.to_dict() if spec else None}
+        if name not in known:
+            known[name] = entry
+        else:
+            _check_same_model(known[name], entry, name, what)
+            later = known[name].setdefault("later_specs", [])
+            if entry["spec"] != known[name]["spec"] and entry not in later:
+                later.append(entry)
+    pq.write_table(pa.concat_tables([old, new]), d / "records.parquet", compression="zstd", compression_level=19)
     meta["n_records"] = int(len(old) + len(new))
     (d / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     log(f"{what}: {len(new)} records of {sorted(devices)} -> {d}")
