@@ -55,6 +55,12 @@ def pass_costs(mods: list, ref: list) -> dict:
     return out
 
 
+def machine() -> dict:
+    """Where a result was measured (both report kinds)."""
+    return {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(), "python": platform.python_version()}
+
+
 def replay(ds, record_ids: list[int], workers: int) -> list:
     """Scheduled IRModules of the records; replayed in forked workers (sent back as TVM JSON)."""
     import tvm
@@ -89,9 +95,7 @@ def scaling(a, ds, record_ids: list[int]) -> None:
                         "speedup_vs_first": statistics.median(v) / base} for w, v in res.items()}
     report = {"bench": "features_speed_scaling", "programs": n, "rounds": a.rounds,
               "replay_s_all_workers": replay_s, "scaling": summary,
-              "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                          "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
-                          "python": platform.python_version()},
+              "machine": machine(),
               "created": time.time()}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=1))
@@ -165,8 +169,7 @@ def main() -> None:
         "leaves_per_program_median": statistics.median(leaves) if leaves else 0,
         "results": summary, "crosscheck_vs_tvm_per_store_feature": xc,
         "workers": workers, "replay_ms_per_program": replay_ms, "lowering_passes": passes,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "python": platform.python_version()},
+        "machine": machine(),
         "created": time.time(),
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
