@@ -33,6 +33,7 @@ ROWS = {
     "xgboost-deep, 5 seeds (xgboost-deep-ens5)": "xgboost-deep-ens5",
     "xgboost-deep + min over stores and first store's row": dict(deep=True, stats=("sum", "max", "last", "min", "first")),
     "xgboost-deep, MAPE-optimal point (xgboost-deep-mape)": "xgboost-deep-mape",
+    "xgboost-deep + the task's buffer sizes (task_io)": dict(deep=True, task_io=True),
 }
 
 

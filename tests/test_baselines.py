@@ -12,6 +12,7 @@ from tensorplan.errors import TensorplanError  # noqa: E402
 from tensorplan.predict.baselines import (RooflineLinear, TenSetMLP, TenSetXGB, TLPModel,  # noqa: E402
                                           _trace_steps, program_bytes, store_stat_features, summed_features)
 from tensorplan.predict.cdmpp import CDMPP, Estimator, as_arrays, load_estimator  # noqa: E402
+from tensorplan.predict.tasks import TASK_IO_DIM  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 FAST = {
@@ -189,6 +190,50 @@ def test_xgboost_deep_reads_max_and_last_store_rows(cdmpp_small, tmp_path):
     np.testing.assert_allclose(back.predict(te), m.predict(te), rtol=1e-6)
     with pytest.raises(TensorplanError, match="stats"):
         TenSetXGB(stats=("max",))
+
+
+def test_xgboost_task_io_appends_the_tasks_buffer_sizes(cdmpp_small, tmp_path):
+    """task_io=True adds the task's log2 buffer sizes after every other column; records without them
+    are refused with a clear error; the option survives save/load."""
+    tr, te = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
+    assert te.task_io is not None
+    m = TenSetXGB(n_rounds=20, parts=True, base="hierarchy", task_io=True).fit(tr)
+    X = m._features(te)
+    m.task_io = False
+    assert X.shape[1] == m._features(te).shape[1] + TASK_IO_DIM
+    m.task_io = True
+    np.testing.assert_allclose(X[:, -TASK_IO_DIM:], te.task_io[:, :TASK_IO_DIM], rtol=1e-6)
+    back = load_estimator(m.save(tmp_path / "io.pt"))
+    assert back.task_io
+    np.testing.assert_allclose(back.predict(te), m.predict(te), rtol=1e-6)
+    bare = te.subset(np.arange(len(te)))
+    bare.task_io = None
+    with pytest.raises(TensorplanError, match="buffer sizes"):
+        m.predict(bare)
+
+
+def test_device_factor_floors_are_mape_optimal():
+    """bench/cdmpp_domain_ratio.py: the one factor minimises MAPE (no factor on a fine grid does
+    better), a device that is another times a constant has that constant and no error, and a factor
+    per task never does worse than one factor."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "cdmpp_domain_ratio.py"
+    spec = importlib.util.spec_from_file_location("cdmpp_domain_ratio", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(0)
+    a = np.exp(rng.normal(-9, 2, 500))
+    task = rng.integers(0, 20, 500)
+    b = a * 1.7 * np.exp(rng.normal(0, 0.3, 500) + 0.2 * (task % 3))
+    g = mod.mape_optimal_factor(a, b)
+    best = min(np.mean(np.abs(x * a - b) / b) for x in np.linspace(0.5, 5, 4001))
+    assert np.mean(np.abs(g * a - b) / b) <= best + 1e-12
+    exact = mod.factor_floors(a, 2.5 * a, task)
+    assert abs(exact["one_factor"] - 2.5) < 1e-9 and exact["one_factor_mape_pct"] < 1e-9
+    f = mod.factor_floors(a, b, task)
+    assert 0 < f["per_task_factor_mape_pct"] < f["one_factor_mape_pct"]
 
 
 def test_train_a_hierarchy_xgboost_and_predict_a_network_with_it(cdmpp_small, tmp_path):

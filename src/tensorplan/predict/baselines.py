@@ -71,6 +71,7 @@ class TenSetXGB(Estimator):
 
     `subsample` / `colsample` < 1 draw rows / feature columns per tree, so differently seeded
     copies differ (what an ensemble of trees needs); TenSet uses 1 (every seed the same model).
+    `task_io=True` adds the task's log2 buffer sizes (`tasks.task_io_vector`), schedule-independent.
     """
 
     name = "xgboost"
@@ -78,7 +79,7 @@ class TenSetXGB(Estimator):
     def __init__(self, max_depth: int = 6, gamma: float = 0.003, min_child_weight: float = 2.0,
                  eta: float = 0.2, n_rounds: int = 400, early_stop: int = 100, threads: int | None = None,
                  seed: int = 0, subsample: float = 1.0, colsample: float = 1.0, parts: bool = False,
-                 base: str = "none", stats: Sequence[str] = ("sum",)):
+                 base: str = "none", stats: Sequence[str] = ("sum",), task_io: bool = False):
         self.max_depth, self.gamma, self.min_child_weight, self.eta = max_depth, gamma, min_child_weight, eta
         self.n_rounds, self.early_stop, self.threads, self.seed = n_rounds, early_stop, threads, seed
         self.subsample, self.colsample = subsample, colsample
@@ -87,6 +88,7 @@ class TenSetXGB(Estimator):
         self.parts, self.base = parts, base
         _check_stats(stats)
         self.stats = tuple(stats)
+        self.task_io = task_io
         self.cache_ratio: float | None = None   # fitted on the training split when parts or base is on
         self.booster = None
 
@@ -104,6 +106,11 @@ class TenSetXGB(Estimator):
         f = [summed_features(arr), *store_stat_features(arr, self.stats)]
         if self.parts:
             f += [arr.log_hierarchy_parts, self._log_estimate(arr)[:, None]]
+        if self.task_io:
+            if arr.task_io is None:
+                raise TensorplanError("xgboost: this model reads the task's buffer sizes (task_io=True), but the "
+                                      "records carry none; re-export the dataset or build them with task_io")
+            f.append(arr.task_io[:, :TASK_IO_DIM])
         return np.hstack(f).astype(np.float32) if len(f) > 1 else f[0]
 
     def _offset(self, arr: ProgramArrays) -> np.ndarray:
