@@ -1,10 +1,14 @@
 """Per-program latency ratio between two device domains of the committed dataset (same programs).
 
 Why: a second machine's domain (`tensorplan dataset measure-device`) re-times the same schedules,
-so the ratio per program shows how far one device factor is from describing the new device.
+so the ratio per program shows how far one device factor is from describing the new device. The
+oracle floors say what a device transfer can reach even knowing every program's latency on A
+exactly: B predicted as A times the best single factor, or the best factor per task (both fitted on
+B's labels, so no few-shot method that only learns a factor can do better).
 
     python bench/cdmpp_domain_ratio.py gpuhost-1t local-1t [gpuhost-16t local-2t ...] [--json]
     python bench/cdmpp_domain_ratio.py h100 h200 --data data/cdmpp-h100 --out bench/results/cdmpp_domain_ratios_gpu.json   # two GPUs, same programs
+    python bench/cdmpp_domain_ratio.py local-2t local-1t local-1t zen4-1t ... --out bench/results/cdmpp_device_floors.json   # source target: the floors
 """
 from __future__ import annotations
 
@@ -13,6 +17,27 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+
+def mape_optimal_factor(a_lat: np.ndarray, b_lat: np.ndarray) -> float:
+    """The g minimising mean |g a - b| / b: a weighted median of b / a, weights a / b."""
+    x, w = b_lat / a_lat, a_lat / b_lat
+    o = np.argsort(x)
+    cw = np.cumsum(w[o])
+    return float(x[o][np.searchsorted(cw, 0.5 * cw[-1])])
+
+
+def factor_floors(a_lat: np.ndarray, b_lat: np.ndarray, task: np.ndarray) -> dict:
+    """MAPE % of B predicted as A x the MAPE-optimal factor: one for all programs, and one per task."""
+    if not len(a_lat):
+        return {"one_factor": None, "one_factor_mape_pct": None, "per_task_factor_mape_pct": None}
+    g = mape_optimal_factor(a_lat, b_lat)
+    per_task = np.empty(len(a_lat))
+    for t in np.unique(task):
+        m = task == t
+        per_task[m] = mape_optimal_factor(a_lat[m], b_lat[m]) * a_lat[m]
+    return {"one_factor": g, "one_factor_mape_pct": float(100 * np.mean(np.abs(g * a_lat - b_lat) / b_lat)),
+            "per_task_factor_mape_pct": float(100 * np.mean(np.abs(per_task - b_lat) / b_lat))}
 
 
 def ratios(ds, a: str, b: str, max_mad: float = 0.01) -> dict:
@@ -26,10 +51,13 @@ def ratios(ds, a: str, b: str, max_mad: float = 0.01) -> dict:
     q = (pa.loc[common, "latency_s"] / pb.loc[common, "latency_s"]).to_numpy()
     p10, p50, p90 = np.percentile(q, [10, 50, 90]) if len(q) else (np.nan,) * 3
     stable = ((pa.loc[common, "mad_rel"] <= max_mad) & (pb.loc[common, "mad_rel"] <= max_mad)).to_numpy()
+    la, lb = pa.loc[common, "latency_s"].to_numpy(), pb.loc[common, "latency_s"].to_numpy()
+    floors = factor_floors(la[stable], lb[stable], pb.loc[common, "task_key"].to_numpy()[stable])
     return {"a": a, "b": b, "programs": int(len(q)), "median": float(p50), "p10": float(p10), "p90": float(p90),
             "a_as_b_mape_pct": float(100 * np.mean(np.abs(q - 1))) if len(q) else None,
             "stable_programs": int(stable.sum()),
-            "a_as_b_mape_pct_stable": float(100 * np.mean(np.abs(q[stable] - 1))) if stable.any() else None}
+            "a_as_b_mape_pct_stable": float(100 * np.mean(np.abs(q[stable] - 1))) if stable.any() else None,
+            **{f"stable_{k}": v for k, v in floors.items()}}
 
 
 def main() -> None:
@@ -54,6 +82,10 @@ def main() -> None:
                   f"(10th-90th percentile {r['p10']:.2f}-{r['p90']:.2f}x); {r['a']} as {r['b']}: MAPE "
                   f"{r['a_as_b_mape_pct']:.1f}%, {r['a_as_b_mape_pct_stable']:.1f}% on the {r['stable_programs']} "
                   "programs stable on both")
+            if r["stable_one_factor"] is not None:
+                print(f"  {r['b']} predicted as {r['a']}'s latency x {r['stable_one_factor']:.3f} (the MAPE-optimal "
+                      f"factor): MAPE {r['stable_one_factor_mape_pct']:.1f}%; one factor per task: "
+                      f"{r['stable_per_task_factor_mape_pct']:.1f}% (stable programs)")
 
 
 if __name__ == "__main__":

@@ -139,6 +139,16 @@ STEPS: list[tuple[str, list[str], float]] = [
     # between the two, then the held-out-device split from one to the other
     ("cdmpp-gpu-ratio", [PY, "bench/cdmpp_domain_ratio.py", "h100", "h200", "--data", "data/cdmpp-h100", "--json",
                          "--out", "bench/results/cdmpp_domain_ratios_gpu.json"], 0.5),
+    # how far a device transfer can go: each program's measured source latency times the best factor
+    # (one, or one per task) against the target's (docs/cdmpp.md, "How far a device transfer can go")
+    ("cdmpp-device-floors", [PY, "bench/cdmpp_domain_ratio.py", "local-2t", "local-1t", "local-1t", "zen4-1t",
+                             "local-1t", "zen3-1t", "local-1t", "gpuhost-1t", "local-2t", "gpuhost-16t", "zen4-1t",
+                             "zen3-1t", "gpuhost-1t", "gpuhost-16t", "--out", "bench/results/cdmpp_device_floors.json"],
+     0.5),
+    ("cdmpp-tree-fewshot-zen4", [PY, "bench/cdmpp_tree_fewshot.py", "--source", "local-1t", "--target", "zen4-1t",
+                                 "--out", "bench/results/cdmpp_tree_fewshot_zen4.json"], 8),
+    ("cdmpp-tree-fewshot-gpuhost", [PY, "bench/cdmpp_tree_fewshot.py", "--source", "local-1t", "--target",
+                                    "gpuhost-1t", "--out", "bench/results/cdmpp_tree_fewshot_gpuhost.json"], 8),
     ("cdmpp-eval-h200", [TP, "evaluate", "--data", "data/cdmpp-h100", "--splits", "device", "--source", "h100",
                          "--target", "h200", "--models", "xgboost,xgboost-hier,xgboost-deep,roofline,mlp,cdmpp,tlp",
                          "--out", "bench/results/cdmpp_eval_h200.json"], 25),
