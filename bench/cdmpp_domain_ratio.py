@@ -19,28 +19,9 @@ from pathlib import Path
 import numpy as np
 
 
-def mape_optimal_factor(a_lat: np.ndarray, b_lat: np.ndarray) -> float:
-    """The g minimising mean |g a - b| / b: a weighted median of b / a, weights a / b."""
-    x, w = b_lat / a_lat, a_lat / b_lat
-    o = np.argsort(x)
-    cw = np.cumsum(w[o])
-    return float(x[o][np.searchsorted(cw, 0.5 * cw[-1])])
-
-
-def factor_floors(a_lat: np.ndarray, b_lat: np.ndarray, task: np.ndarray) -> dict:
-    """MAPE % of B predicted as A x the MAPE-optimal factor: one for all programs, and one per task."""
-    if not len(a_lat):
-        return {"one_factor": None, "one_factor_mape_pct": None, "per_task_factor_mape_pct": None}
-    g = mape_optimal_factor(a_lat, b_lat)
-    per_task = np.empty(len(a_lat))
-    for t in np.unique(task):
-        m = task == t
-        per_task[m] = mape_optimal_factor(a_lat[m], b_lat[m]) * a_lat[m]
-    return {"one_factor": g, "one_factor_mape_pct": float(100 * np.mean(np.abs(g * a_lat - b_lat) / b_lat)),
-            "per_task_factor_mape_pct": float(100 * np.mean(np.abs(per_task - b_lat) / b_lat))}
-
-
 def ratios(ds, a: str, b: str, max_mad: float = 0.01) -> dict:
+    from tensorplan.predict.mape_point import factor_floors
+
     """Per-program latency ratio A / B, and how well A's measured latency alone predicts B's
     (MAPE of A as B: the error floor of a device split from A to B, if B were A), over every
     common program and over those stable (MAD/median <= max_mad) on both."""

@@ -30,17 +30,13 @@ def main(source: str = typer.Option("local-1t", "--source", help="Source domain(
          target: str = typer.Option("zen4-1t", "--target", help="The held-out device domain."),
          out: Path = typer.Option(..., "--out", help="JSON document to write."),
          threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
-    import importlib.util
-
     import xgboost as xgb
 
     from tensorplan.predict.cdmpp import ProgramArrays, regression_metrics
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.evaluate import EvalData, device_split, machine_info, make_model
+    from tensorplan.predict.mape_point import mape_optimal_factor
 
-    spec = importlib.util.spec_from_file_location("ratio", Path(__file__).with_name("cdmpp_domain_ratio.py"))
-    ratio = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ratio)
     raw = load_dataset(None)
     ds = raw.filter_stable(max_cov=0.01, metric="mad")
     R = raw.records
@@ -67,7 +63,7 @@ def main(source: str = typer.Option("local-1t", "--source", help="Source domain(
         if "," not in source:
             s_ft, s_te = src_lat(ft), src_lat(te)
             ok = np.isfinite(s_ft)
-            g = ratio.mape_optimal_factor(s_ft[ok], ft.latency_s[ok])
+            g = mape_optimal_factor(s_ft[ok], ft.latency_s[ok])
             have = np.isfinite(s_te)
             rows["measured_source_x_samples_factor"] = {
                 "factor": g, "test_with_source_label": int(have.sum()),

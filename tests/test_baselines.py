@@ -212,30 +212,6 @@ def test_xgboost_task_io_appends_the_tasks_buffer_sizes(cdmpp_small, tmp_path):
         m.predict(bare)
 
 
-def test_device_factor_floors_are_mape_optimal():
-    """bench/cdmpp_domain_ratio.py: the one factor minimises MAPE (no factor on a fine grid does
-    better), a device that is another times a constant has that constant and no error, and a factor
-    per task never does worse than one factor."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "cdmpp_domain_ratio.py"
-    spec = importlib.util.spec_from_file_location("cdmpp_domain_ratio", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rng = np.random.default_rng(0)
-    a = np.exp(rng.normal(-9, 2, 500))
-    task = rng.integers(0, 20, 500)
-    b = a * 1.7 * np.exp(rng.normal(0, 0.3, 500) + 0.2 * (task % 3))
-    g = mod.mape_optimal_factor(a, b)
-    best = min(np.mean(np.abs(x * a - b) / b) for x in np.linspace(0.5, 5, 4001))
-    assert np.mean(np.abs(g * a - b) / b) <= best + 1e-12
-    exact = mod.factor_floors(a, 2.5 * a, task)
-    assert abs(exact["one_factor"] - 2.5) < 1e-9 and exact["one_factor_mape_pct"] < 1e-9
-    f = mod.factor_floors(a, b, task)
-    assert 0 < f["per_task_factor_mape_pct"] < f["one_factor_mape_pct"]
-
-
 def test_train_a_hierarchy_xgboost_and_predict_a_network_with_it(cdmpp_small, tmp_path):
     """`tensorplan train --model xgboost-hier` path: the tree model trains through the same `train`,
     records its domains, and `predict --weights` uses it for a whole network."""

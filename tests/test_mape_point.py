@@ -10,7 +10,7 @@ from tensorplan.errors import TensorplanError  # noqa: E402
 from tensorplan.predict.baselines import TenSetXGB  # noqa: E402
 from tensorplan.predict.cdmpp import as_arrays, load_estimator  # noqa: E402
 from tensorplan.predict.evaluate import make_model  # noqa: E402
-from tensorplan.predict.mape_point import MapePoint  # noqa: E402
+from tensorplan.predict.mape_point import MapePoint, factor_floors, mape_optimal_factor  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 
@@ -47,3 +47,22 @@ def test_mape_point_harness_name_and_errors(cdmpp_small):
         m.fit(tr)
     with pytest.raises(TensorplanError, match="not fitted"):
         MapePoint(TenSetXGB()).predict(tr)
+
+
+def test_mape_optimal_factor_and_its_floors():
+    """The one factor minimises MAPE (no factor on a fine grid does better); values that are others
+    times a constant get that constant and no error; a factor per group never does worse than one
+    (bench/cdmpp_domain_ratio.py's device floors, bench/cdmpp_error_parts.py)."""
+    rng = np.random.default_rng(0)
+    a = np.exp(rng.normal(-9, 2, 500))
+    task = rng.integers(0, 20, 500)
+    b = a * 1.7 * np.exp(rng.normal(0, 0.3, 500) + 0.2 * (task % 3))
+    g = mape_optimal_factor(a, b)
+    best = min(np.mean(np.abs(x * a - b) / b) for x in np.linspace(0.5, 5, 4001))
+    assert np.mean(np.abs(g * a - b) / b) <= best + 1e-12
+    exact = factor_floors(a, 2.5 * a, task)
+    assert abs(exact["one_factor"] - 2.5) < 1e-9 and exact["one_factor_mape_pct"] < 1e-9
+    f = factor_floors(a, b, task)
+    assert 0 < f["per_task_factor_mape_pct"] < f["one_factor_mape_pct"]
+    with pytest.raises(TensorplanError, match="no values"):
+        mape_optimal_factor(np.array([]), np.array([]))

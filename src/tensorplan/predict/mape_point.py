@@ -21,6 +21,35 @@ from ..errors import TensorplanError
 from .cdmpp import Estimator, as_arrays, estimator_blob, estimator_from_blob, register
 
 
+def mape_optimal_factor(pred: np.ndarray, true: np.ndarray) -> float:
+    """The g minimising mean |g pred - true| / true: a weighted median of true / pred, weights pred / true."""
+    pred, true = np.asarray(pred, np.float64), np.asarray(true, np.float64)
+    if not len(pred):
+        raise TensorplanError("mape_optimal_factor: no values")
+    x, w = true / pred, pred / true
+    o = np.argsort(x)
+    cw = np.cumsum(w[o])
+    return float(x[o][np.searchsorted(cw, 0.5 * cw[-1])])
+
+
+def factor_floors(pred: np.ndarray, true: np.ndarray, group: np.ndarray) -> dict:
+    """MAPE % of `pred` times the MAPE-optimal factor: one for all values, and one per group (task).
+
+    Both factors are fitted on the labels they are scored on, so they are optimistic: what is left
+    is error no per-group scale can remove (within-task error, when `pred` is a model's prediction;
+    per-program device differences, when `pred` is another device's measured latency)."""
+    pred, true, group = np.asarray(pred, np.float64), np.asarray(true, np.float64), np.asarray(group)
+    if not len(pred):
+        return {"one_factor": None, "one_factor_mape_pct": None, "per_task_factor_mape_pct": None}
+    g = mape_optimal_factor(pred, true)
+    scaled = np.empty(len(pred))
+    for t in np.unique(group):
+        m = group == t
+        scaled[m] = mape_optimal_factor(pred[m], true[m]) * pred[m]
+    return {"one_factor": g, "one_factor_mape_pct": float(100 * np.mean(np.abs(g * pred - true) / true)),
+            "per_task_factor_mape_pct": float(100 * np.mean(np.abs(scaled - true) / true))}
+
+
 @register
 class MapePoint(Estimator):
     """`base` with its predictions scaled by exp(-s^2), s^2 = its validation log-error variance."""
