@@ -107,7 +107,10 @@ def summary(out: Path, seed: int, time_scale: float, devices: list[str]) -> dict
                                  "acc20_pct": x["acc20_pct"],
                                  "network_latency_err_pct": network_error(x),
                                  "network_latency_first_err_pct": network_error(x, "first"),
-                                 "picked_regret_pct": network_error(x, "picked", "_mean_regret_pct")}
+                                 "picked_regret_pct": network_error(x, "picked", "_mean_regret_pct"),
+                                 # after an oracle factor per task and domain (folds of a newer harness)
+                                 "per_task_scale_floor_pct": x.get("scale_floors", {}).get("per_task_factor_mape_pct"),
+                                 "one_scale_floor_pct": x.get("scale_floors", {}).get("one_factor_mape_pct")}
     for m in models:
         have = [n for n in nets if m in table[n]]
         w = np.array([table[n]["n_test"] for n in have], float)
@@ -123,6 +126,11 @@ def summary(out: Path, seed: int, time_scale: float, devices: list[str]) -> dict
                      "median_network_latency_err_pct": med("network_latency_err_pct"),
                      "median_network_latency_first_err_pct": med("network_latency_first_err_pct"),
                      "median_picked_regret_pct": med("picked_regret_pct")}
+        floors = [table[n][m]["per_task_scale_floor_pct"] for n in have]
+        if have and all(f is not None for f in floors):
+            pooled[m]["pooled_per_task_scale_floor_pct"] = float((w * np.array(floors)).sum() / w.sum())
+            pooled[m]["pooled_one_scale_floor_pct"] = float(
+                (w * np.array([table[n][m]["one_scale_floor_pct"] for n in have])).sum() / w.sum())
     doc = {"bench": "cdmpp_by_network", "seed": seed, "time_scale": time_scale, "devices": devices,
            "cpu": rows[0]["cpu"] if rows else "", "networks": table, "pooled": pooled}
     js = out.with_suffix(".json")

@@ -7,8 +7,9 @@ spaced wrongly), no scale does. Per (split, model), on the harness's splits (col
 domains, the evaluation table's three held-out networks):
 
 - the plain test MAPE;
-- after the MAPE-optimal factor, one for all and one per task (`mape_point.factor_floors`: fitted
-  on the test labels, so optimistic: what is left is within-task error);
+- after the MAPE-optimal factor, one for all and one per task and device domain
+  (`mape_point.factor_floors`: fitted on the test labels, so optimistic: what is left is
+  within-task error);
 - after a factor from k measured programs per task (k = 1, 2, 4; the median of their log ratio,
   scored on the task's other programs, mean of 5 draws), against the plain MAPE of the same records.
 
@@ -80,9 +81,10 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
             t = time.perf_counter()
             m.fit(tr, va)
             fit_s = time.perf_counter() - t
-            pred, true, task = m.predict(te), np.asarray(te.latency_s, np.float64), np.asarray(te.task_key)
+            pred, true = m.predict(te), np.asarray(te.latency_s, np.float64)
+            task = np.array([f"{t}@{d}" for t, d in zip(te.task_key, te.device_name)], dtype=object)
             line = {"split": split, "model": name, "n_train": len(tr), "n_test": len(te),
-                    "tasks": int(len(np.unique(task))), "fit_s": fit_s, "test": regression_metrics(pred, true),
+                    "task_domains": int(len(np.unique(task))), "fit_s": fit_s, "test": regression_metrics(pred, true),
                     "floors": factor_floors(pred, true, task),
                     "measured_per_task": [measured_per_task(pred, true, task, k) for k in MEASURED_PER_TASK],
                     "machine": machine_info(), "host": platform.node(), "created": time.time()}

@@ -81,6 +81,8 @@ def test_evaluate_quick_all_metrics(cdmpp_small, tmp_path):
             assert keys <= set(m), (split, name)
             assert np.isfinite(m["mape_pct"]) and m["predict_per_s"] > 0 and m["train_time_s"] > 0
             assert "network_latency" in m
+            fl = m["scale_floors"]      # an oracle scale per task can only remove error
+            assert fl["per_task_factor_mape_pct"] <= fl["one_factor_mape_pct"] <= m["mape_pct"] + 1e-9
     net = res["splits"]["network"]
     assert net["n_test"] > 0 and net["holdout_networks"]
     dev = res["splits"]["device"]
@@ -244,6 +246,8 @@ def test_leave_one_network_out_resumes_and_summarises(cdmpp_small, tmp_path):
     pooled = float((w * np.array([r["metrics"]["mape_pct"] for r in rows])).sum() / w.sum())
     assert doc["pooled"]["roofline"]["folds"] == len(rows)
     assert abs(doc["pooled"]["roofline"]["pooled_mape_pct"] - pooled) < 1e-9
+    # the oracle scale per task and domain leaves only within-task error, never more than the plain MAPE
+    assert doc["pooled"]["roofline"]["pooled_per_task_scale_floor_pct"] <= pooled + 1e-9
     assert out.with_suffix(".png").stat().st_size > 0
 
 

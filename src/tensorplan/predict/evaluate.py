@@ -33,6 +33,7 @@ from ..errors import TensorplanError
 from .calibrate import Calibrated
 from .cdmpp import (CDMPP, Estimator, ProgramArrays, as_arrays, device_features, regression_metrics,
                     within_task_spearman)
+from .mape_point import factor_floors
 from .totals import mean_factor
 
 DEFAULT_MODELS = ("cdmpp", "cdmpp-nocmd", "cdmpp-parts", "cdmpp-nocmd-parts", "cdmpp-parts-leaf", "xgboost",
@@ -298,6 +299,8 @@ def _score(model: Estimator, test: ProgramArrays) -> dict:
     m = regression_metrics(pred, test.latency_s)
     grp = np.array([f"{t}@{d}" for t, d in zip(test.task_key, test.device_name)], dtype=object)
     m["spearman_within_task"] = within_task_spearman(pred, test.latency_s, grp)
+    # what an oracle scale (one factor, one per task and domain) would leave: scale vs within-task error
+    m["scale_floors"] = factor_floors(pred, test.latency_s, grp)
     m["by_leaves"] = _by_leaf_count(pred, test)
     return m
 
