@@ -105,6 +105,12 @@ STEPS: list[tuple[str, list[str], float]] = [
                                           "--out", "bench/results/cdmpp_predict_check_zen3.jsonl"], 0.1),
     # how much of a model's error a per-kernel scale would remove (oracle factors, k timed programs per task)
     ("cdmpp-error-parts", [PY, "bench/cdmpp_error_parts.py"], 15),
+    ("cdmpp-lono-floors-0", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-deep", "--shard", "0/2",
+                             "--out", "bench/results/cdmpp_by_network_floors.jsonl"], 27),
+    ("cdmpp-lono-floors-1", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-deep", "--shard", "1/2",
+                             "--out", "bench/results/cdmpp_by_network_floors.jsonl"], 27),
+    ("cdmpp-lono-floors", [PY, "bench/cdmpp_by_network.py", "--summary",
+                           "--out", "bench/results/cdmpp_by_network_floors.jsonl"], 0.1),
     # the trees with more capacity (xgboost-deep) against xgboost-hier, row by row, on the harness's splits
     ("cdmpp-xgb-capacity", [PY, "bench/cdmpp_xgb_capacity.py"], 85),
     # trains on the committed programs over the 0.1 s cap (data/cdmpp-big-zen4, Zen 4 VM) and scores
