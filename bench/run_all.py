@@ -105,6 +105,8 @@ STEPS: list[tuple[str, list[str], float]] = [
                                           "--out", "bench/results/cdmpp_predict_check_zen3.jsonl"], 0.1),
     # how much of a model's error a per-kernel scale would remove (oracle factors, k timed programs per task)
     ("cdmpp-error-parts", [PY, "bench/cdmpp_error_parts.py"], 15),
+    ("cdmpp-error-parts-more", [PY, "bench/cdmpp_error_parts.py", "--models", "cdmpp-nocmd-parts-rank,xgboost-hier",
+                                "--splits", "network"], 6),
     ("cdmpp-lono-floors-0", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-deep", "--shard", "0/2",
                              "--out", "bench/results/cdmpp_by_network_floors.jsonl"], 27),
     ("cdmpp-lono-floors-1", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-deep", "--shard", "1/2",
