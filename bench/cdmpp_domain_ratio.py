@@ -20,11 +20,12 @@ import numpy as np
 
 
 def ratios(ds, a: str, b: str, max_mad: float = 0.01) -> dict:
-    from tensorplan.predict.mape_point import factor_floors
-
     """Per-program latency ratio A / B, and how well A's measured latency alone predicts B's
     (MAPE of A as B: the error floor of a device split from A to B, if B were A), over every
-    common program and over those stable (MAD/median <= max_mad) on both."""
+    common program and over those stable (MAD/median <= max_mad) on both, where B is also
+    predicted as A times the best factor, one and one per task (`mape_point.factor_floors`)."""
+    from tensorplan.predict.mape_point import factor_floors
+
     r = ds.records
     pa = r[r["device"] == a].set_index("prog_idx")
     pb = r[r["device"] == b].set_index("prog_idx")

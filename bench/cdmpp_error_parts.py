@@ -27,18 +27,15 @@ from pathlib import Path
 import numpy as np
 import typer
 
-HOLDOUT = ["efficientvit-b1", "tiny-mlp", "mobilenet-v2"]   # the evaluation table's held-out networks
 MEASURED_PER_TASK = (1, 2, 4)
 DRAWS = 5
-
-
-def _mape(pred: np.ndarray, true: np.ndarray) -> float:
-    return float(100 * np.mean(np.abs(pred - true) / true))
 
 
 def measured_per_task(pred: np.ndarray, true: np.ndarray, task: np.ndarray, k: int, seed: int = 0) -> dict:
     """Each task's predictions times the median ratio of k of its programs (drawn at random), scored
     on the task's other programs; tasks with <= k programs are left out. Mean over DRAWS draws."""
+    from tensorplan.predict.cdmpp import regression_metrics
+
     rng = np.random.default_rng(seed)
     fixed, plain, n = [], [], 0
     for _ in range(DRAWS):
@@ -51,8 +48,8 @@ def measured_per_task(pred: np.ndarray, true: np.ndarray, task: np.ndarray, k: i
             rest = np.setdiff1d(idx, pick)
             scaled[rest] = pred[rest] * np.exp(np.median(np.log(true[pick] / pred[pick])))
             keep[rest] = True
-        fixed.append(_mape(scaled[keep], true[keep]))
-        plain.append(_mape(pred[keep], true[keep]))
+        fixed.append(regression_metrics(scaled[keep], true[keep])["mape_pct"])
+        plain.append(regression_metrics(pred[keep], true[keep])["mape_pct"])
         n = int(keep.sum())
     return {"k": k, "scored_records": n, "mape_pct": float(np.mean(fixed)), "plain_mape_pct": float(np.mean(plain))}
 
@@ -64,14 +61,15 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
          threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
     from tensorplan.predict.cdmpp import regression_metrics
     from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import EvalData, machine_info, make_model, network_split, sample_split
+    from tensorplan.predict.evaluate import (PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split,
+                                             sample_split)
     from tensorplan.predict.mape_point import factor_floors
 
     done = {(r["split"], r["model"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
     ds = load_dataset(None).only_devices(["local-1t", "local-2t"]).filter_stable(max_cov=0.01, metric="mad")
     data = EvalData(ds)
     for split in [s for s in splits.split(",") if s]:
-        tr, va, te = sample_split(ds, 0, data) if split == "sample" else network_split(ds, HOLDOUT, 0, data)
+        tr, va, te = sample_split(ds, 0, data) if split == "sample" else network_split(ds, PUBLISHED_HOLDOUT, 0, data)
         for name in [m for m in models.split(",") if m]:
             if (split, name) in done:
                 continue

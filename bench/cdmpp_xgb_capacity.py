@@ -20,7 +20,6 @@ from pathlib import Path
 
 import typer
 
-HOLDOUT = ["efficientvit-b1", "tiny-mlp", "mobilenet-v2"]   # the evaluation table's held-out networks
 # row -> a harness model name, or TenSetXGB keyword arguments on top of xgboost-hier's (parts,
 # hierarchy base); `deep=True` starts from xgboost-deep's (evaluate.XGB_DEEP, <=4000 rounds) instead
 ROWS = {
@@ -46,8 +45,8 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.ensemble import Ensemble
     from tensorplan.predict.mape_point import MapePoint
-    from tensorplan.predict.evaluate import (XGB_DEEP, EvalData, machine_info, make_model, network_split,
-                                             sample_split)
+    from tensorplan.predict.evaluate import (PUBLISHED_HOLDOUT, XGB_DEEP, EvalData, machine_info, make_model,
+                                             network_split, sample_split)
 
     done = set()
     if out.exists():
@@ -57,7 +56,7 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
     names = list(ROWS)
     pick = [names[int(i)] for i in rows.split(",")] if rows else names
     for split in [s for s in splits.split(",") if s]:
-        tr, va, te = sample_split(ds, 0, data) if split == "sample" else network_split(ds, HOLDOUT, 0, data)
+        tr, va, te = sample_split(ds, 0, data) if split == "sample" else network_split(ds, PUBLISHED_HOLDOUT, 0, data)
         for row in pick:
             if (split, row) in done:
                 continue
