@@ -16,6 +16,8 @@ domains, the evaluation table's three held-out networks):
 One JSONL line per (split, model), appended when done, so a killed run resumes.
 
     .venv/bin/python bench/cdmpp_error_parts.py --models xgboost-deep,cdmpp-nocmd-parts
+    .venv/bin/python bench/cdmpp_error_parts.py --models xgboost-deep,xgboost-deep-rel --splits network \
+        --holdout segformer-b0,swin-tiny,candy,resnet-50
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ def measured_per_task(pred: np.ndarray, true: np.ndarray, task: np.ndarray, k: i
 
 def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models", help="Harness model names."),
          splits: str = typer.Option("network,sample", "--splits", help="Comma-separated: network, sample."),
+         holdout: str = typer.Option("", "--holdout", help="Held-out networks, comma-separated "
+                                     "(default: the evaluation table's)."),
          out: Path = typer.Option(Path("bench/results/cdmpp_error_parts.jsonl"), "--out"),
          time_scale: float = typer.Option(0.625, "--time-scale", help="The harness's budget scale (CDMPP 150 s)."),
          threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
@@ -65,13 +69,16 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
                                              sample_split)
     from tensorplan.predict.mape_point import factor_floors
 
-    done = {(r["split"], r["model"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
+    held = [h for h in holdout.split(",") if h] or list(PUBLISHED_HOLDOUT)
+    done = {(r["split"], r["model"], ",".join(r.get("holdout") or PUBLISHED_HOLDOUT))
+            for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
     ds = load_dataset(None).only_devices(["local-1t", "local-2t"]).filter_stable(max_cov=0.01, metric="mad")
     data = EvalData(ds)
     for split in [s for s in splits.split(",") if s]:
-        tr, va, te = sample_split(ds, 0, data) if split == "sample" else network_split(ds, PUBLISHED_HOLDOUT, 0, data)
+        tr, va, te = sample_split(ds, 0, data) if split == "sample" else network_split(ds, held, 0, data)
         for name in [m for m in models.split(",") if m]:
-            if (split, name) in done:
+            key_holdout = ",".join(held) if split == "network" else ",".join(PUBLISHED_HOLDOUT)
+            if (split, name, key_holdout) in done:
                 continue
             m = make_model(name, time_scale=time_scale)
             if hasattr(m, "threads"):
@@ -80,8 +87,9 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
             m.fit(tr, va)
             fit_s = time.perf_counter() - t
             pred, true = m.predict(te), np.asarray(te.latency_s, np.float64)
-            task = np.array([f"{t}@{d}" for t, d in zip(te.task_key, te.device_name)], dtype=object)
-            line = {"split": split, "model": name, "n_train": len(tr), "n_test": len(te),
+            task = te.task_domains()
+            line = {"split": split, "model": name, "holdout": held if split == "network" else None,
+                    "n_train": len(tr), "n_test": len(te),
                     "task_domains": int(len(np.unique(task))), "fit_s": fit_s, "test": regression_metrics(pred, true),
                     "floors": factor_floors(pred, true, task),
                     "measured_per_task": [measured_per_task(pred, true, task, k) for k in MEASURED_PER_TASK],

@@ -131,6 +131,11 @@ class ProgramArrays:
     def leaves(self, i: int) -> np.ndarray:
         return self.leaf_data[self.offsets[i]:self.offsets[i + 1]]
 
+    def task_domains(self) -> np.ndarray:
+        """[N] object: 'task@device' per program, the group whose schedules are compared
+        (ranking, within-task spearman, per-task factors, task-relative spacing)."""
+        return np.array([f"{t}@{d}" for t, d in zip(self.task_key, self.device_name)], dtype=object)
+
     def subset(self, idx: Sequence[int] | np.ndarray) -> "ProgramArrays":
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         n = self.n_leaves[idx]
@@ -537,7 +542,7 @@ def estimator_from_blob(b: dict, owner: str) -> Estimator:
 
 def load_estimator(path: str | Path) -> Estimator:
     """Load any saved tensorplan estimator (CDMPP or a baseline)."""
-    from . import baselines, calibrate, ensemble, leaf_experts, mape_point  # noqa: F401  (registers the other estimator classes)
+    from . import baselines, calibrate, ensemble, leaf_experts, mape_point, task_relative  # noqa: F401  (registers the other estimator classes)
 
     return Estimator.load(path)
 
@@ -1002,7 +1007,7 @@ class CDMPP(Estimator):
         if use_cmd:
             self._check_dev(target)
         if self.w_rank:   # which (task, device) each record belongs to, for the ranking pairs
-            grp = np.unique([f"{t}@{d}" for t, d in zip(tr.task_key, tr.device_name)], return_inverse=True)[1]
+            grp = np.unique(tr.task_domains(), return_inverse=True)[1]
         best, best_state = math.inf, None
         t0, step, batches = time.perf_counter(), 0, []
         bs = max(2, min(batch_size, len(tr)))

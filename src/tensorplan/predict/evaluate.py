@@ -60,6 +60,7 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
     `A+B`: a mixed ensemble, the members of A and B pooled under the same rule (no fitted weight),
     e.g. `cdmpp-nocmd-ens+xgboost-ens` (docs/cdmpp.md, mixed ensembles).
     `NAME-mape`: NAME's MAPE-optimal point, scaled by exp(-s^2) of its validation log error (`mape_point`).
+    `xgboost*-rel`: those trees plus a booster of each task's within-task spacing (`task_relative`).
     """
     from .baselines import RooflineLinear, TenSetMLP, TenSetXGB, TLPModel
     from .ensemble import Ensemble
@@ -81,6 +82,11 @@ def make_model(name: str, quick: bool = False, time_scale: float = 1.0, seed: in
     if mape:   # the MAPE-optimal point of the model (`mape_point.MapePoint`)
         from .mape_point import MapePoint
         return MapePoint(make_model(mape.group(1), quick, time_scale, seed))
+
+    rel = re.fullmatch(r"(xgboost.*)-rel", name)
+    if rel:    # the trees plus a booster of within-task spacing (`task_relative.TaskRelative`)
+        from .task_relative import TaskRelative
+        return TaskRelative(make_model(rel.group(1), quick, time_scale, seed))
 
     ens = re.fullmatch(r"(.+)-ens(\d*)", name)
     if ens:
@@ -299,7 +305,7 @@ def network_error(entry: dict, pick: str = "fastest", key: str = "_mean_ape_pct"
 def _score(model: Estimator, test: ProgramArrays) -> dict:
     pred = model.predict(test)
     m = regression_metrics(pred, test.latency_s)
-    grp = np.array([f"{t}@{d}" for t, d in zip(test.task_key, test.device_name)], dtype=object)
+    grp = test.task_domains()
     m["spearman_within_task"] = within_task_spearman(pred, test.latency_s, grp)
     # what an oracle scale (one factor, one per task and domain) would leave: scale vs within-task error
     m["scale_floors"] = factor_floors(pred, test.latency_s, grp)

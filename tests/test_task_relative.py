@@ -1,0 +1,58 @@
+"""Trees with a within-task spacing booster (predict/task_relative.py) on a slice of the real dataset."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from tensorplan.errors import TensorplanError  # noqa: E402
+from tensorplan.predict.baselines import RooflineLinear, TenSetXGB  # noqa: E402
+from tensorplan.predict.cdmpp import as_arrays, load_estimator  # noqa: E402
+from tensorplan.predict.evaluate import make_model  # noqa: E402
+from tensorplan.predict.task_relative import MIX_GRID, TaskRelative  # noqa: E402
+from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
+from test_mape_point import _split_by_task  # noqa: E402
+
+
+def _log_mean_by_group(p, groups):
+    return {g: float(np.log(p[groups == g]).mean()) for g in np.unique(groups)}
+
+
+def test_task_relative_keeps_the_base_scale_and_changes_the_spacing(cdmpp_small, tmp_path):
+    """The mix weight is the validation-best of the grid; per task and device the predictions keep
+    the base's log mean (its scale) while the spacing moves; a program alone gets the base's value;
+    the model survives save/load."""
+    tr, va = _split_by_task(as_arrays(cdmpp_small["train"]))
+    te = as_arrays(cdmpp_small["test"])
+    m = TaskRelative(TenSetXGB(n_rounds=60, seed=0)).fit(tr, va)
+    assert set(m.val_mape_by_mix) == set(MIX_GRID)
+    assert m.mix == min(m.val_mape_by_mix, key=m.val_mape_by_mix.get)
+    base = m.base.predict(te)
+    m.mix = 1.0
+    p = m.predict(te)
+    groups = te.task_domains()
+    for g, lm in _log_mean_by_group(base, groups).items():
+        assert _log_mean_by_group(p, groups)[g] == pytest.approx(lm, abs=1e-6)
+    multi = np.isin(groups, [g for g in np.unique(groups) if (groups == g).sum() > 1])
+    assert multi.any() and not np.allclose(p[multi], base[multi], rtol=1e-3)
+    one = te.subset([int(np.flatnonzero(multi)[0])])
+    np.testing.assert_allclose(m.predict(one), m.base.predict(one), rtol=1e-6)
+    back = load_estimator(m.save(tmp_path / "rel.pt"))
+    assert isinstance(back, TaskRelative) and back.mix == 1.0
+    np.testing.assert_allclose(back.predict(te), p, rtol=1e-5)
+
+
+def test_task_relative_harness_name_and_errors(cdmpp_small):
+    """`xgboost*-rel` wraps the harness's trees; only XGBoost bases are accepted; an unfitted model
+    refuses to predict; without validation the mix is the default."""
+    m = make_model("xgboost-deep-rel", quick=True)
+    assert isinstance(m, TaskRelative) and m.base.max_depth == 8
+    with pytest.raises(TensorplanError, match="XGBoost"):
+        TaskRelative(RooflineLinear())
+    tr = as_arrays(cdmpp_small["train"])
+    with pytest.raises(TensorplanError, match="not fitted"):
+        TaskRelative(TenSetXGB()).predict(tr)
+    fitted = TaskRelative(TenSetXGB(n_rounds=20, seed=0)).fit(tr)
+    assert fitted.mix == 0.5 and fitted.val_mape_by_mix == {}
+    assert np.isfinite(fitted.predict(tr)).all()
