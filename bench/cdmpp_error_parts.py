@@ -92,6 +92,8 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
                     "n_train": len(tr), "n_test": len(te),
                     "task_domains": int(len(np.unique(task))), "fit_s": fit_s, "test": regression_metrics(pred, true),
                     "floors": factor_floors(pred, true, task),
+                    # what the wrapper models chose on validation (task_relative's mix, mape_point's s^2)
+                    "fitted": {k: getattr(m, k) for k in ("mix", "val_mape_by_mix", "log_var") if hasattr(m, k)},
                     "measured_per_task": [measured_per_task(pred, true, task, k) for k in MEASURED_PER_TASK],
                     "machine": machine_info(), "host": platform.node(), "created": time.time()}
             with out.open("a") as f:
