@@ -517,6 +517,21 @@ class Estimator(abc.ABC):
         return obj
 
 
+class WrappedEstimator(Estimator):
+    """A model built around one base model (`self.base`), which its saved state nests with
+    `estimator_blob`, so its own constructor takes no saved parameters."""
+
+    base: Estimator | None = None
+
+    def get_params(self) -> dict[str, Any]:
+        return {}
+
+    def _need_base(self, what: str) -> Estimator:
+        if self.base is None:
+            raise TensorplanError(f"{self.name}.{what}: no base model")
+        return self.base
+
+
 _REGISTRY: dict[str, type] = {}
 
 

@@ -13,12 +13,10 @@ the plain model; this is the harness's `NAME-mape` (docs/cdmpp.md, "A MAPE-optim
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..errors import TensorplanError
-from .cdmpp import Estimator, as_arrays, estimator_blob, estimator_from_blob, register
+from .cdmpp import Estimator, WrappedEstimator, as_arrays, estimator_blob, estimator_from_blob, register
 
 
 def mape_optimal_factor(pred: np.ndarray, true: np.ndarray) -> float:
@@ -53,7 +51,7 @@ def factor_floors(pred: np.ndarray, true: np.ndarray, group: np.ndarray) -> dict
 
 
 @register
-class MapePoint(Estimator):
+class MapePoint(WrappedEstimator):
     """`base` with its predictions scaled by exp(-s^2), s^2 = its validation log-error variance."""
 
     name = "mape_point"
@@ -65,14 +63,6 @@ class MapePoint(Estimator):
     @property
     def adapts_by_finetune(self) -> bool:
         return bool(getattr(self.base, "adapts_by_finetune", False))
-
-    def get_params(self) -> dict[str, Any]:
-        return {}                           # the base is saved in the state, as a nested model blob
-
-    def _need_base(self, what: str) -> Estimator:
-        if self.base is None:
-            raise TensorplanError(f"mape_point.{what}: no base model")
-        return self.base
 
     def fit(self, train, val=None, target=None) -> "MapePoint":
         base = self._need_base("fit")

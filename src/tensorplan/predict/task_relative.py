@@ -14,13 +14,11 @@ model's spacing; a program given alone gets exactly the base's prediction.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..errors import TensorplanError
 from .baselines import TenSetXGB
-from .cdmpp import Estimator, ProgramArrays, as_arrays, estimator_blob, estimator_from_blob, register
+from .cdmpp import ProgramArrays, WrappedEstimator, as_arrays, estimator_blob, estimator_from_blob, register
 
 MIX_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_MIX = 0.5       # without a validation split: the best on both held-out-network draws tried
@@ -41,7 +39,7 @@ def _group_mean(x: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 @register
-class TaskRelative(Estimator):
+class TaskRelative(WrappedEstimator):
     """A `TenSetXGB` base plus a booster of the same settings fitted on within-task deviations."""
 
     name = "task_relative"
@@ -54,14 +52,6 @@ class TaskRelative(Estimator):
         self.booster = None
         self.mix: float | None = None           # weight of the relative model's spacing, set by fit
         self.val_mape_by_mix: dict[float, float] = {}
-
-    def get_params(self) -> dict[str, Any]:
-        return {}                               # the base is saved in the state, as a nested model blob
-
-    def _need_base(self, what: str) -> TenSetXGB:
-        if self.base is None:
-            raise TensorplanError(f"task_relative.{what}: no base model")
-        return self.base
 
     def _design(self, arr: ProgramArrays, g: np.ndarray) -> np.ndarray:
         f = self.base._features(arr).astype(np.float64)
