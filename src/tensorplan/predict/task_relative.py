@@ -68,33 +68,33 @@ class TaskRelative(WrappedEstimator):
         tr = as_arrays(train)
         if tr.latency_s is None:
             raise TensorplanError("task_relative.fit: the training programs carry no latency labels")
-        va = as_arrays(val) if val is not None and len(as_arrays(val)) and as_arrays(val).latency_s is not None \
-            else None
+        va = as_arrays(val) if val is not None else None
+        if va is not None and (len(va) == 0 or va.latency_s is None):
+            va = None                           # nothing to stop early on or to choose the mix with
         base.fit(tr, val=va, target=target)
         gtr = _group_index(tr)
         dtr = xgb.DMatrix(self._design(tr, gtr), label=self._centred_target(tr, gtr))
         evals, kw = [], {}
+        gva = _group_index(va) if va is not None else None
         if va is not None:
-            gva = _group_index(va)
             evals = [(xgb.DMatrix(self._design(va, gva), label=self._centred_target(va, gva)), "val")]
             kw["early_stopping_rounds"] = base.early_stop
         self.booster = xgb.train(base._params(), dtr, num_boost_round=base.n_rounds, evals=evals,
                                  verbose_eval=False, **kw)
         self.mix, self.val_mape_by_mix = DEFAULT_MIX, {}
         if va is not None:
-            p_base, dev = base.predict(va), self._relative_spacing(va)
+            p_base, dev = base.predict(va), self._relative_spacing(va, gva)
             for w in MIX_GRID:
-                p = self._combine(p_base, dev, _group_index(va), w)
+                p = self._combine(p_base, dev, gva, w)
                 self.val_mape_by_mix[w] = float(100 * np.mean(np.abs(p - va.latency_s) / va.latency_s))
             self.mix = min(self.val_mape_by_mix, key=self.val_mape_by_mix.get)
         return self
 
-    def _relative_spacing(self, arr: ProgramArrays) -> np.ndarray:
+    def _relative_spacing(self, arr: ProgramArrays, g: np.ndarray) -> np.ndarray:
         """The relative booster's log prediction plus the base's offset, centred per task and device
         (the booster learnt deviations of log latency minus the offset, which varies within a task)."""
         import xgboost as xgb
 
-        g = _group_index(arr)
         kw = {}
         if self.booster.attr("best_iteration") is not None:
             kw["iteration_range"] = (0, int(self.booster.best_iteration) + 1)
@@ -112,8 +112,8 @@ class TaskRelative(WrappedEstimator):
         if self.booster is None or self.mix is None:
             raise TensorplanError("task_relative.predict: not fitted")
         arr = as_arrays(records)
-        p = self._need_base("predict").predict(arr)
-        return self._combine(p, self._relative_spacing(arr), _group_index(arr), self.mix)
+        p, g = self._need_base("predict").predict(arr), _group_index(arr)
+        return self._combine(p, self._relative_spacing(arr, g), g, self.mix)
 
     def _state(self):
         if self.booster is None:
