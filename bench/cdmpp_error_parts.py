@@ -56,6 +56,15 @@ def measured_per_task(pred: np.ndarray, true: np.ndarray, task: np.ndarray, k: i
     return {"k": k, "scored_records": n, "mape_pct": float(np.mean(fixed)), "plain_mape_pct": float(np.mean(plain))}
 
 
+def wrapped_layers(model) -> list:
+    """The model and the bases it wraps, outermost first (`xgboost-deep-rel-mape`: MapePoint,
+    TaskRelative, TenSetXGB)."""
+    layers = [model]
+    while getattr(layers[-1], "base", None) is not None and not isinstance(layers[-1].base, str):
+        layers.append(layers[-1].base)
+    return layers
+
+
 def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models", help="Harness model names."),
          splits: str = typer.Option("network,sample", "--splits", help="Comma-separated: network, sample."),
          holdout: str = typer.Option("", "--holdout", help="Held-out networks, comma-separated "
@@ -81,8 +90,9 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
             if (split, name, key_holdout) in done:
                 continue
             m = make_model(name, time_scale=time_scale)
-            if hasattr(m, "threads"):
-                m.threads = threads
+            for layer in wrapped_layers(m):
+                if hasattr(layer, "threads"):
+                    layer.threads = threads
             t = time.perf_counter()
             m.fit(tr, va)
             fit_s = time.perf_counter() - t
@@ -93,7 +103,8 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
                     "task_domains": int(len(np.unique(task))), "fit_s": fit_s, "test": regression_metrics(pred, true),
                     "floors": factor_floors(pred, true, task),
                     # what the wrapper models chose on validation (task_relative's mix, mape_point's s^2)
-                    "fitted": {k: getattr(m, k) for k in ("mix", "val_mape_by_mix", "log_var") if hasattr(m, k)},
+                    "fitted": {k: getattr(layer, k) for layer in wrapped_layers(m)
+                               for k in ("mix", "val_mape_by_mix", "log_var") if hasattr(layer, k)},
                     "measured_per_task": [measured_per_task(pred, true, task, k) for k in MEASURED_PER_TASK],
                     "machine": machine_info(), "host": platform.node(), "created": time.time()}
             with out.open("a") as f:
