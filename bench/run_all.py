@@ -51,7 +51,8 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-ensemble-hier", [PY, "bench/cdmpp_ensemble.py", "--models", "xgboost-hier", "--add"], 3),
     ("cdmpp-by-network", [PY, "bench/cdmpp_by_network.py", "--models",
                           "xgboost,cdmpp,cdmpp-nocmd,xgboost-hier,xgboost-parts,cdmpp-nocmd-parts,"
-                          "cdmpp-nocmd-parts+xgboost-hier,xgboost-deep,xgboost-deep-mape"], 240),
+                          "cdmpp-nocmd-parts+xgboost-hier,xgboost-deep,xgboost-deep-mape,xgboost-deep-rel-mape"],
+                          300),
     # the analytic estimate across CPUs (docs/cdmpp.md, "An analytic estimate for the trees")
     # (`xgboost-deep` on three of them: "More capacity for the trees"). `--devices`: the domains the
     # committed JSON was made on, before the Zen 3 domains were merged in
@@ -111,8 +112,20 @@ STEPS: list[tuple[str, list[str], float]] = [
                              "--out", "bench/results/cdmpp_by_network_floors.jsonl"], 27),
     ("cdmpp-lono-floors-1", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-deep", "--shard", "1/2",
                              "--out", "bench/results/cdmpp_by_network_floors.jsonl"], 27),
+    # ... and with the within-task spacing booster (docs/cdmpp.md, "Spacing an unseen kernel's schedules")
+    *((f"cdmpp-lono-floors-rel-{i}", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-deep-rel", "--shard",
+                                      f"{i}/2", "--out", "bench/results/cdmpp_by_network_floors.jsonl"], 60)
+      for i in (0, 1)),
     ("cdmpp-lono-floors", [PY, "bench/cdmpp_by_network.py", "--summary",
                            "--out", "bench/results/cdmpp_by_network_floors.jsonl"], 0.1),
+    *((f"cdmpp-error-parts-rel-{tag}", [PY, "bench/cdmpp_error_parts.py", "--models", models, "--splits", "network",
+                                        "--threads", "1", *args], mins)
+      for tag, mins, models, args in (
+          ("table", 15, "xgboost-deep-rel,xgboost-deep-mape,xgboost-deep-rel-mape", []),
+          ("draw2", 20, "xgboost-deep,xgboost-deep-rel,xgboost-deep-mape,xgboost-deep-rel-mape",
+           ["--holdout", "segformer-b0,swin-tiny,candy,resnet-50"]))),
+    # a booster of each kernel's scale over one row per task, against the trees' own (not shipped)
+    ("cdmpp-task-scale", [PY, "bench/cdmpp_task_scale.py"], 10),
     # the trees with more capacity (xgboost-deep) against xgboost-hier, row by row, on the harness's splits
     ("cdmpp-xgb-capacity", [PY, "bench/cdmpp_xgb_capacity.py"], 85),
     # trains on the committed programs over the 0.1 s cap (data/cdmpp-big-zen4, Zen 4 VM) and scores
