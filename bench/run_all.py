@@ -124,6 +124,8 @@ STEPS: list[tuple[str, list[str], float]] = [
           ("table", 15, "xgboost-deep-rel,xgboost-deep-mape,xgboost-deep-rel-mape", []),
           ("draw2", 20, "xgboost-deep,xgboost-deep-rel,xgboost-deep-mape,xgboost-deep-rel-mape",
            ["--holdout", "segformer-b0,swin-tiny,candy,resnet-50"]))),
+    ("cdmpp-error-parts-rel-sample", [PY, "bench/cdmpp_error_parts.py", "--models", "xgboost-deep-rel", "--splits",
+                                      "sample", "--threads", "2"], 10),
     # a booster of each kernel's scale over one row per task, against the trees' own (not shipped)
     ("cdmpp-task-scale", [PY, "bench/cdmpp_task_scale.py"], 10),
     # the trees with more capacity (xgboost-deep) against xgboost-hier, row by row, on the harness's splits
