@@ -126,6 +126,9 @@ STEPS: list[tuple[str, list[str], float]] = [
            ["--holdout", "segformer-b0,swin-tiny,candy,resnet-50"]))),
     ("cdmpp-error-parts-rel-sample", [PY, "bench/cdmpp_error_parts.py", "--models", "xgboost-deep-rel", "--splits",
                                       "sample", "--threads", "2"], 10),
+    ("cdmpp-rel-zen4", [TP, "evaluate", "--splits", "device", "--models", "xgboost-deep,xgboost-deep-rel",
+                        "--devices", PRE_ZEN3, "--source", "local-1t", "--target", "zen4-1t",
+                        "--out", "bench/results/cdmpp_rel_zen4.json"], 15),
     # a booster of each kernel's scale over one row per task, against the trees' own (not shipped)
     ("cdmpp-task-scale", [PY, "bench/cdmpp_task_scale.py"], 10),
     # the trees with more capacity (xgboost-deep) against xgboost-hier, row by row, on the harness's splits
