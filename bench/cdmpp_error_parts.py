@@ -56,15 +56,6 @@ def measured_per_task(pred: np.ndarray, true: np.ndarray, task: np.ndarray, k: i
     return {"k": k, "scored_records": n, "mape_pct": float(np.mean(fixed)), "plain_mape_pct": float(np.mean(plain))}
 
 
-def wrapped_layers(model) -> list:
-    """The model and the bases it wraps, outermost first (`xgboost-deep-rel-mape`: MapePoint,
-    TaskRelative, TenSetXGB)."""
-    layers = [model]
-    while getattr(layers[-1], "base", None) is not None and not isinstance(layers[-1].base, str):
-        layers.append(layers[-1].base)
-    return layers
-
-
 def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models", help="Harness model names."),
          splits: str = typer.Option("network,sample", "--splits", help="Comma-separated: network, sample."),
          holdout: str = typer.Option("", "--holdout", help="Held-out networks, comma-separated "
@@ -72,7 +63,7 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
          out: Path = typer.Option(Path("bench/results/cdmpp_error_parts.jsonl"), "--out"),
          time_scale: float = typer.Option(0.625, "--time-scale", help="The harness's budget scale (CDMPP 150 s)."),
          threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
-    from tensorplan.predict.cdmpp import regression_metrics
+    from tensorplan.predict.cdmpp import regression_metrics, wrapped_layers
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.evaluate import (PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split,
                                              sample_split)

@@ -30,20 +30,13 @@ WEIGHTS = (0.5, 1.0)
 def task_rows(model, arr) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(group index per program, task rows [feature mean, feature std, mean offset], mean offset,
     mean log latency) per task and device domain."""
-    from tensorplan.predict.task_relative import _group_index
+    from tensorplan.predict.task_relative import group_index, group_means
 
-    g = _group_index(arr)
-    n = np.bincount(g).astype(np.float64)
-
-    def mean(x):
-        out = np.zeros((len(n),) + x.shape[1:])
-        np.add.at(out, g, x)
-        return out / (n[:, None] if x.ndim > 1 else n)
-
+    g = group_index(arr)
     f = model._features(arr).astype(np.float64)
-    fm, off = mean(f), mean(model._offset(arr))
-    fs = np.sqrt(np.maximum(mean(f * f) - fm * fm, 0.0))
-    return g, np.hstack([fm, fs, off[:, None]]), off, mean(np.log(arr.latency_s))
+    fm, off = group_means(f, g), group_means(model._offset(arr), g)
+    fs = np.sqrt(np.maximum(group_means(f * f, g) - fm * fm, 0.0))
+    return g, np.hstack([fm, fs, off[:, None]]), off, group_means(np.log(arr.latency_s), g)
 
 
 def main(holdout: str = typer.Option("", "--holdout", help="Held-out networks (default: the evaluation table's)."),
@@ -54,7 +47,7 @@ def main(holdout: str = typer.Option("", "--holdout", help="Held-out networks (d
 
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.evaluate import PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split
-    from tensorplan.predict.task_relative import _group_mean
+    from tensorplan.predict.task_relative import group_means
 
     held = [h for h in holdout.split(",") if h] or list(PUBLISHED_HOLDOUT)
     ds = load_dataset(None).only_devices(["local-1t", "local-2t"]).filter_stable(max_cov=0.01, metric="mad")
@@ -72,11 +65,11 @@ def main(holdout: str = typer.Option("", "--holdout", help="Held-out networks (d
     for key, arr in (("test", te), ("val", va)):
         g, x, off, y = task_rows(trees, arr)
         lp = np.log(trees.predict(arr))
-        parts[key] = dict(arr=arr, g=g, x=x, off=off, y=y, lp=lp, scale=np.bincount(g, lp) / np.bincount(g))
+        parts[key] = dict(arr=arr, g=g, x=x, off=off, y=y, lp=lp, scale=group_means(lp, g))
 
     def scored(key, scale):
         p = parts[key]
-        pred = np.exp(p["lp"] - _group_mean(p["lp"], p["g"]) + scale[p["g"]])
+        pred = np.exp(p["lp"] - p["scale"][p["g"]] + scale[p["g"]])
         return {f"{key}_scale_mae": float(np.mean(np.abs(scale - p["y"]))), f"{key}_mape_pct": mape(pred, p["arr"].latency_s)}
 
     res = {"trees' mean": {**scored("test", parts["test"]["scale"]), **scored("val", parts["val"]["scale"])}}

@@ -532,6 +532,15 @@ class WrappedEstimator(Estimator):
         return self.base
 
 
+def wrapped_layers(model: Estimator) -> list[Estimator]:
+    """The model and the bases it wraps, outermost first (`xgboost-deep-rel-mape`: MapePoint,
+    TaskRelative, TenSetXGB)."""
+    layers = [model]
+    while isinstance(layers[-1], WrappedEstimator) and layers[-1].base is not None:
+        layers.append(layers[-1].base)
+    return layers
+
+
 _REGISTRY: dict[str, type] = {}
 
 

@@ -24,18 +24,22 @@ MIX_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_MIX = 0.5       # without a validation split: the best on both held-out-network draws tried
 
 
-def _group_index(arr: ProgramArrays) -> np.ndarray:
+def group_index(arr: ProgramArrays) -> np.ndarray:
+    """Each program's task-and-device group, numbered 0..G-1."""
     return np.unique(arr.task_domains(), return_inverse=True)[1].ravel()
 
 
-def _group_mean(x: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """Each row's mean over its group (rows of x: programs; g: `_group_index`)."""
+def group_means(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """The mean of x's rows over each group (result row k: group k; g: `group_index`)."""
     n = np.bincount(g).astype(np.float64)
-    if x.ndim == 1:
-        return (np.bincount(g, x) / n)[g]
-    out = np.zeros((len(n), x.shape[1]))
+    out = np.zeros((len(n),) + x.shape[1:])
     np.add.at(out, g, x)
-    return (out / n[:, None])[g]
+    return out / n.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+def _group_mean(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Each row's mean over its group (rows of x: programs)."""
+    return group_means(x, g)[g]
 
 
 @register
@@ -72,10 +76,10 @@ class TaskRelative(WrappedEstimator):
         if va is not None and (len(va) == 0 or va.latency_s is None):
             va = None                           # nothing to stop early on or to choose the mix with
         base.fit(tr, val=va, target=target)
-        gtr = _group_index(tr)
+        gtr = group_index(tr)
         dtr = xgb.DMatrix(self._design(tr, gtr), label=self._centred_target(tr, gtr))
         evals, kw = [], {}
-        gva = _group_index(va) if va is not None else None
+        gva = group_index(va) if va is not None else None
         if va is not None:
             evals = [(xgb.DMatrix(self._design(va, gva), label=self._centred_target(va, gva)), "val")]
             kw["early_stopping_rounds"] = base.early_stop
@@ -112,7 +116,7 @@ class TaskRelative(WrappedEstimator):
         if self.booster is None or self.mix is None:
             raise TensorplanError("task_relative.predict: not fitted")
         arr = as_arrays(records)
-        p, g = self._need_base("predict").predict(arr), _group_index(arr)
+        p, g = self._need_base("predict").predict(arr), group_index(arr)
         return self._combine(p, self._relative_spacing(arr, g), g, self.mix)
 
     def _state(self):
