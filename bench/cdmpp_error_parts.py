@@ -63,7 +63,7 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
          out: Path = typer.Option(Path("bench/results/cdmpp_error_parts.jsonl"), "--out"),
          time_scale: float = typer.Option(0.625, "--time-scale", help="The harness's budget scale (CDMPP 150 s)."),
          threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
-    from tensorplan.predict.cdmpp import regression_metrics, wrapped_layers
+    from tensorplan.predict.cdmpp import regression_metrics, validation_choices, wrapped_layers
     from tensorplan.predict.dataset import load_dataset
     from tensorplan.predict.evaluate import (PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split,
                                              sample_split)
@@ -94,8 +94,7 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
                     "task_domains": int(len(np.unique(task))), "fit_s": fit_s, "test": regression_metrics(pred, true),
                     "floors": factor_floors(pred, true, task),
                     # what the wrapper models chose on validation (task_relative's mix, mape_point's s^2)
-                    "fitted": {k: getattr(layer, k) for layer in wrapped_layers(m)
-                               for k in ("mix", "val_mape_by_mix", "log_var") if hasattr(layer, k)},
+                    "fitted": validation_choices(m),
                     "measured_per_task": [measured_per_task(pred, true, task, k) for k in MEASURED_PER_TASK],
                     "machine": machine_info(), "host": platform.node(), "created": time.time()}
             with out.open("a") as f:

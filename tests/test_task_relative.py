@@ -56,3 +56,17 @@ def test_task_relative_harness_name_and_errors(cdmpp_small):
     fitted = TaskRelative(TenSetXGB(n_rounds=20, seed=0)).fit(tr)
     assert fitted.mix == 0.5 and fitted.val_mape_by_mix == {}
     assert np.isfinite(fitted.predict(tr)).all()
+
+
+def test_evaluate_records_the_mix_chosen_on_validation(cdmpp_small):
+    """A result entry says which mix (and s^2) the wrapper layers picked; a plain model has no entry."""
+    from tensorplan.predict.cdmpp import validation_choices
+    from tensorplan.predict.evaluate import evaluate
+    res = evaluate(cdmpp_small["ds"], models=("xgboost-rel-mape", "roofline"), splits=("network",),
+                   quick=True, max_cov=None)
+    models = res["splits"]["network"]["models"]
+    ch = models["xgboost-rel-mape"]["chosen_on_validation"]
+    assert ch["mix"] in MIX_GRID and ch["mix"] == min(ch["val_mape_by_mix"], key=ch["val_mape_by_mix"].get)
+    assert ch["log_var"] > 0
+    assert "chosen_on_validation" not in models["roofline"]
+    assert validation_choices(TenSetXGB()) == {}

@@ -522,6 +522,8 @@ class WrappedEstimator(Estimator):
     `estimator_blob`, so its own constructor takes no saved parameters."""
 
     base: Estimator | None = None
+    # attributes `fit` sets from the validation split (task_relative's mix): results record them
+    chosen_on_validation: tuple[str, ...] = ()
 
     def get_params(self) -> dict[str, Any]:
         return {}
@@ -539,6 +541,13 @@ def wrapped_layers(model: Estimator) -> list[Estimator]:
     while isinstance(layers[-1], WrappedEstimator) and layers[-1].base is not None:
         layers.append(layers[-1].base)
     return layers
+
+
+def validation_choices(model: Estimator) -> dict[str, Any]:
+    """What each wrapper layer of `model` chose on the validation split, merged into one dict, so a
+    result file says e.g. which `mix` a `-rel` model ran with."""
+    return {k: getattr(layer, k) for layer in wrapped_layers(model)
+            for k in getattr(layer, "chosen_on_validation", ())}
 
 
 _REGISTRY: dict[str, type] = {}

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import TensorplanError
 from .calibrate import Calibrated
 from .cdmpp import (CDMPP, Estimator, ProgramArrays, as_arrays, device_features, regression_metrics,
-                    within_task_spearman)
+                    validation_choices, within_task_spearman)
 from .mape_point import factor_floors
 from .totals import mean_factor
 
@@ -313,6 +313,13 @@ def _score(model: Estimator, test: ProgramArrays) -> dict:
     return m
 
 
+def _choices(model: Estimator) -> dict:
+    """{"chosen_on_validation": ...} for a wrapper model that picked settings on validation
+    (`-rel`'s mix, `-mape`'s s^2); nothing for the others."""
+    ch = validation_choices(model)
+    return {"chosen_on_validation": ch} if ch else {}
+
+
 def _by_leaf_count(pred: np.ndarray, test: ProgramArrays, min_records: int = 50) -> dict:
     """MAPE and median APE per program leaf count (counts with >= `min_records` test records), so a
     model trained on all programs can be read in the CDMPP scripts' 5-leaf setting."""
@@ -389,6 +396,7 @@ def _fit_and_score(name: str, data: EvalData, split: tuple, target, networks: Se
     tt = _fit(mdl, tr, va, target)
     m = _score(mdl, te)
     m["train_time_s"] = tt
+    m.update(_choices(mdl))
     m["predict_per_s"] = _throughput(mdl, te)
     # sums of kernels want each kernel's mean latency: the factor measured on the validation records
     m["total_factor"] = mean_factor(mdl.predict(va), va.latency_s) if va is not None and len(va) else None
@@ -534,7 +542,7 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
         def score_device(name: str) -> dict:
             mdl = make_model(name, quick, time_scale, seed)
             tt = _fit(mdl, tr, va, unl)
-            entry = {"train_time_s": tt, "zero_shot": _score(mdl, te)}
+            entry = {"train_time_s": tt, "zero_shot": {**_score(mdl, te), **_choices(mdl)}}
             for method, (ft, rest, _) in sel.items():   # the same samples calibrate the unchanged model
                 t0 = time.perf_counter()
                 cal = Calibrated(mdl, source=calib_dev, seed=seed,
@@ -551,7 +559,7 @@ def evaluate(data=None, *, models: Sequence[str] = DEFAULT_MODELS, splits: Seque
                 else:
                     m2 = make_model(name, quick, time_scale, seed)
                     m2.fit(ProgramArrays.concat([tr, pool.subset(ft)]), val=va)
-                sc = _score(m2, te)
+                sc = {**_score(m2, te), **_choices(m2)}
                 sc["adapt_time_s"] = time.perf_counter() - t0
                 sc["n_target_samples"] = int(len(ft))
                 entry[f"fewshot_{method}"] = sc

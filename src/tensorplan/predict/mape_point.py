@@ -55,6 +55,7 @@ class MapePoint(WrappedEstimator):
     """`base` with its predictions scaled by exp(-s^2), s^2 = its validation log-error variance."""
 
     name = "mape_point"
+    chosen_on_validation = ("log_var",)
 
     def __init__(self, base: Estimator | None = None):
         self.base = base

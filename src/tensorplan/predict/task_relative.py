@@ -47,6 +47,7 @@ class TaskRelative(WrappedEstimator):
     """A `TenSetXGB` base plus a booster of the same settings fitted on within-task deviations."""
 
     name = "task_relative"
+    chosen_on_validation = ("mix", "val_mape_by_mix")
 
     def __init__(self, base: TenSetXGB | None = None):
         if base is not None and not isinstance(base, TenSetXGB):
