@@ -337,3 +337,17 @@ def test_network_latency_three_picks_and_regret(cdmpp_small):
     assert network_error({"network_latency": s}, "picked", "_mean_regret_pct") == s["picked"]["_mean_regret_pct"]
     old = {"network_latency": {"x@local-1t": {"ape_pct": 5.0}, "_mean_ape_pct": 5.0}}
     assert network_error(old) == 5.0 and network_error(old, "first") is None
+
+
+def test_machines_text_names_each_machine_with_the_models_it_scored():
+    """A document resumed on another CPU says which models (and timings) came from which machine."""
+    from tensorplan.predict.evaluate import _machines_text
+    a = {"cpu": "AMD EPYC", "cpus": 2, "torch": "2.13.0+cpu"}
+    b = {"cpu": "Intel Xeon", "cpus": 2, "torch": "2.13.0+cpu"}
+    one = {"machine": a, "runs": [{"machine": a, "models": ["xgboost"]}, {"machine": a, "models": ["mlp"]}]}
+    assert _machines_text(one) == "Machine: AMD EPYC, 2 CPUs, torch 2.13.0+cpu"
+    two = {"machine": b, "runs": [{"machine": a, "models": ["xgboost", "mlp"]},
+                                  {"machine": b, "models": ["xgboost", "mlp", "tlp"]}]}
+    text = _machines_text(two)
+    assert "AMD EPYC, 2 CPUs, torch 2.13.0+cpu (xgboost, mlp)" in text
+    assert "Intel Xeon, 2 CPUs, torch 2.13.0+cpu (tlp)" in text

@@ -665,7 +665,8 @@ def summarize(res: dict) -> dict:
                 s["cdmpp_train_time_s"] = ms[name]["train_time_s"]
                 s["cdmpp_predict_per_s"] = ms[name]["predict_per_s"]
         if ms:
-            best = min(ms, key=lambda k: ms[k]["mape_pct"])
+            # a tie at the table's precision goes to the model listed first (-rel with mix 0 is its base)
+            best = min(ms, key=lambda k: round(ms[k]["mape_pct"], 2))
             s[f"{key}_best_model"], s[f"{key}_best_mape_pct"] = best, ms[best]["mape_pct"]
     net = res["splits"].get("network", {}).get("models", {})
     if "network_model" in s:
@@ -686,7 +687,7 @@ def summarize(res: dict) -> dict:
         s["device_goal_met"] = _device_best(e) <= GOALS["device_fewshot_mape_pct"]
         s["device_n_target_samples"] = e["fewshot_kmeans"]["n_target_samples"]
     if dev:
-        best = min(dev, key=lambda k: _device_best(dev[k]))
+        best = min(dev, key=lambda k: round(_device_best(dev[k]), 2))
         s["device_best_model"], s["device_best_mape_pct"] = best, _device_best(dev[best])
     return s
 
@@ -702,6 +703,24 @@ def _net_cell(entry: dict) -> str:
     return " / ".join(_f(network_error(entry, p), "{:.1f}") for p in NETWORK_PICKS)
 
 
+def _machines_text(res: dict) -> str:
+    """"Machine: ..." or, when resumed runs scored models on different machines, each machine with
+    the models first scored there (their training times and predictions/s are that machine's)."""
+    def name(m: dict) -> str:
+        return f"{m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}"
+    runs = [r for r in res.get("runs") or [] if r.get("machine")]
+    if len({name(r["machine"]) for r in runs}) <= 1:
+        return f"Machine: {name(res.get('machine', {}))}"
+    seen: set[str] = set()
+    by_machine: dict[str, list[str]] = {}
+    for r in runs:
+        new = [k for k in r.get("models") or [] if k not in seen]
+        seen.update(new)
+        by_machine.setdefault(name(r["machine"]), []).extend(new)
+    return "Machines (timings are each model's own): " + "; ".join(
+        f"{k} ({', '.join(v)})" for k, v in by_machine.items() if v)
+
+
 def render_markdown(res: dict) -> str:
     """Markdown tables of a result document (pasted into docs/cdmpp.md by the CLI)."""
     L = []
@@ -712,7 +731,7 @@ def render_markdown(res: dict) -> str:
     L.append(f"Dataset `{d['path']}`: {d['records_stable']} stable records ({cov}) of "
              f"{d['records_total']}, {d['tasks']} tasks, devices {d['devices']}"
              + (f", only programs with {d['leaves']} leaves" if d.get("leaves") else "")
-             + f". Machine: {m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}; wall time {res.get('wall_time_s', 0) / 60:.1f} min"
+             + f". {_machines_text(res)}; wall time {res.get('wall_time_s', 0) / 60:.1f} min"
              + (" (**quick mode**)" if res.get("quick") else "") + ".")
     L.append("")
     L += ["Network lat. err: whole-network latency predicted vs measured, each kernel represented by its "
