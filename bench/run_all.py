@@ -47,6 +47,11 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-speed", [PY, "bench/cdmpp_speed.py", "--epochs", "6"], 3),
     ("cdmpp-eval", [TP, "evaluate", "--devices", "local-1t,local-2t", "--holdout", "efficientvit-b1,tiny-mlp,mobilenet-v2",
                     "--time-scale", "0.625", "--out", "bench/results/cdmpp_eval.json", "--doc", "docs/cdmpp.md"], 80),
+    # the wrapper models, added to the same document as they were (--resume keeps every model above)
+    ("cdmpp-eval-wrappers", [TP, "evaluate", "--devices", "local-1t,local-2t", "--holdout",
+                             "efficientvit-b1,tiny-mlp,mobilenet-v2", "--time-scale", "0.625", "--resume",
+                             "--models", "xgboost-deep-mape,xgboost-deep-rel,xgboost-deep-rel-mape",
+                             "--out", "bench/results/cdmpp_eval.json", "--doc", "docs/cdmpp.md"], 45),
     ("cdmpp-ensemble", [PY, "bench/cdmpp_ensemble.py"], 20),
     ("cdmpp-ensemble-hier", [PY, "bench/cdmpp_ensemble.py", "--models", "xgboost-hier", "--add"], 3),
     ("cdmpp-by-network", [PY, "bench/cdmpp_by_network.py", "--models",
@@ -131,6 +136,8 @@ STEPS: list[tuple[str, list[str], float]] = [
                         "--out", "bench/results/cdmpp_rel_zen4.json"], 15),
     # a booster of each kernel's scale over one row per task, against the trees' own (not shipped)
     ("cdmpp-task-scale", [PY, "bench/cdmpp_task_scale.py"], 10),
+    # how much of each split's validation the trees have seen (why -rel's mix differs by split)
+    ("cdmpp-val-overlap", [PY, "bench/cdmpp_val_overlap.py"], 1),
     # the trees with more capacity (xgboost-deep) against xgboost-hier, row by row, on the harness's splits
     ("cdmpp-xgb-capacity", [PY, "bench/cdmpp_xgb_capacity.py"], 85),
     # trains on the committed programs over the 0.1 s cap (data/cdmpp-big-zen4, Zen 4 VM) and scores
