@@ -38,8 +38,12 @@ def test_task_relative_keeps_the_base_scale_and_changes_the_spacing(cdmpp_small,
     assert multi.any() and not np.allclose(p[multi], base[multi], rtol=1e-3)
     one = te.subset([int(np.flatnonzero(multi)[0])])
     np.testing.assert_allclose(m.predict(one), m.base.predict(one), rtol=1e-6)
+    # programs the trees were trained on keep the trees' prediction, whatever the mix
+    assert len(m.seen) > 0 and not np.isin(te.program_ids(), m.seen).any()
+    np.testing.assert_allclose(m.predict(tr), m.base.predict(tr), rtol=1e-6)
     back = load_estimator(m.save(tmp_path / "rel.pt"))
     assert isinstance(back, TaskRelative) and back.mix == 1.0
+    np.testing.assert_array_equal(back.seen, m.seen)
     np.testing.assert_allclose(back.predict(te), p, rtol=1e-5)
 
 
@@ -70,3 +74,23 @@ def test_evaluate_records_the_mix_chosen_on_validation(cdmpp_small):
     assert ch["log_var"] > 0
     assert "chosen_on_validation" not in models["roofline"]
     assert validation_choices(TenSetXGB()) == {}
+
+
+def test_program_ids_name_a_schedule_across_devices(cdmpp_small):
+    """One program timed on two domains has one id; programs with different leaves differ."""
+    arr = as_arrays(cdmpp_small["train"])
+    ids = arr.program_ids()
+    assert ids.dtype == np.uint64 and len(ids) == len(arr)
+    recs = cdmpp_small["train"].records
+    same = recs.groupby("prog_idx")["device"].nunique()
+    multi = set(same[same > 1].index)
+    assert multi, "the fixture should hold programs timed on both domains"
+    by_prog = {}
+    for pid, i in zip(recs["prog_idx"], ids):
+        by_prog.setdefault(int(pid), set()).add(int(i))
+    assert all(len(v) == 1 for v in by_prog.values())
+    # programs share an id only where their leaves are identical (schedules the features cannot tell apart)
+    o, first = arr.offsets, {}
+    for i, pid in enumerate(ids):
+        j = first.setdefault(int(pid), i)
+        np.testing.assert_array_equal(arr.leaf_data[o[i]:o[i + 1]], arr.leaf_data[o[j]:o[j + 1]])

@@ -136,6 +136,19 @@ class ProgramArrays:
         (ranking, within-task spearman, per-task factors, task-relative spacing)."""
         return np.array([f"{t}@{d}" for t, d in zip(self.task_key, self.device_name)], dtype=object)
 
+    def program_ids(self) -> np.ndarray:
+        """[N] uint64: a hash of each program's task and leaves (features and positions), the same
+        for one schedule timed on several devices (and for schedules of one task the features cannot
+        tell apart), so a model can tell which programs it was trained on."""
+        import hashlib
+
+        o = self.offsets
+        return np.array([int.from_bytes(hashlib.blake2b(str(self.task_key[i]).encode()
+                                                        + self.leaf_data[o[i]:o[i + 1]].tobytes()
+                                                        + self.pos_data[o[i]:o[i + 1]].tobytes(),
+                                                        digest_size=8).digest(), "little")
+                         for i in range(len(self))], dtype=np.uint64)
+
     def subset(self, idx: Sequence[int] | np.ndarray) -> "ProgramArrays":
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         n = self.n_leaves[idx]

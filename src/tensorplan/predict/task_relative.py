@@ -10,7 +10,9 @@ network split).
 
 The deviation is taken over the programs passed to one `predict` call, per task and device, so a
 task given with its candidate schedules (a tuner's batch, a dataset split) gets the relative
-model's spacing; a program given alone gets exactly the base's prediction.
+model's spacing; a program given alone gets exactly the base's prediction. So does a program the
+trees were trained on (on any device): they nearly memorise it, and the spacing booster only
+helps where they have not seen the program (`bench/cdmpp_val_overlap.py`).
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ class TaskRelative(WrappedEstimator):
         self.booster = None
         self.mix: float | None = None           # weight of the relative model's spacing, set by fit
         self.val_mape_by_mix: dict[float, float] = {}
+        self.seen = np.zeros(0, np.uint64)      # sorted `program_ids` of the training programs
 
     def _design(self, arr: ProgramArrays, g: np.ndarray) -> np.ndarray:
         f = self.base._features(arr).astype(np.float64)
@@ -77,6 +80,7 @@ class TaskRelative(WrappedEstimator):
         if va is not None and (len(va) == 0 or va.latency_s is None):
             va = None                           # nothing to stop early on or to choose the mix with
         base.fit(tr, val=va, target=target)
+        self.seen = np.unique(tr.program_ids())
         gtr = group_index(tr)
         dtr = xgb.DMatrix(self._design(tr, gtr), label=self._centred_target(tr, gtr))
         evals, kw = [], {}
@@ -88,9 +92,9 @@ class TaskRelative(WrappedEstimator):
                                  verbose_eval=False, **kw)
         self.mix, self.val_mape_by_mix = DEFAULT_MIX, {}
         if va is not None:
-            p_base, dev = base.predict(va), self._relative_spacing(va, gva)
+            p_base, dev, new = base.predict(va), self._relative_spacing(va, gva), self._unseen(va)
             for w in MIX_GRID:
-                p = self._combine(p_base, dev, gva, w)
+                p = self._combine(p_base, dev, gva, w * new)
                 self.val_mape_by_mix[w] = float(100 * np.mean(np.abs(p - va.latency_s) / va.latency_s))
             self.mix = min(self.val_mape_by_mix, key=self.val_mape_by_mix.get)
         return self
@@ -107,9 +111,14 @@ class TaskRelative(WrappedEstimator):
         z += self.base._offset(arr)
         return z - _group_mean(z, g)
 
+    def _unseen(self, arr: ProgramArrays) -> np.ndarray:
+        """[N] 1.0 for a program the trees were not trained on (on any device), else 0.0."""
+        return (~np.isin(arr.program_ids(), self.seen)).astype(np.float64)
+
     @staticmethod
-    def _combine(p_base: np.ndarray, rel_dev: np.ndarray, g: np.ndarray, w: float) -> np.ndarray:
-        """The base's prediction with a share w of its within-task spacing replaced by the relative one."""
+    def _combine(p_base: np.ndarray, rel_dev: np.ndarray, g: np.ndarray, w) -> np.ndarray:
+        """The base's prediction with a share w (one number or one per program) of its within-task
+        spacing replaced by the relative one."""
         lb = np.log(np.maximum(p_base, 1e-12))
         return np.exp(lb + w * (rel_dev - (lb - _group_mean(lb, g))))
 
@@ -118,13 +127,14 @@ class TaskRelative(WrappedEstimator):
             raise TensorplanError("task_relative.predict: not fitted")
         arr = as_arrays(records)
         p, g = self._need_base("predict").predict(arr), group_index(arr)
-        return self._combine(p, self._relative_spacing(arr, g), g, self.mix)
+        return self._combine(p, self._relative_spacing(arr, g), g, self.mix * self._unseen(arr))
 
     def _state(self):
         if self.booster is None:
             raise TensorplanError("task_relative.save: not fitted")
         return {"booster": bytes(self.booster.save_raw("ubj")), "mix": self.mix,
-                "val_mape_by_mix": self.val_mape_by_mix, "base": estimator_blob(self._need_base("save"))}
+                "val_mape_by_mix": self.val_mape_by_mix, "seen": self.seen.tobytes(),
+                "base": estimator_blob(self._need_base("save"))}
 
     def _set_state(self, st):
         import xgboost as xgb
@@ -133,3 +143,4 @@ class TaskRelative(WrappedEstimator):
         self.booster = xgb.Booster(params=self.base._params())
         self.booster.load_model(bytearray(st["booster"]))
         self.mix, self.val_mape_by_mix = float(st["mix"]), dict(st.get("val_mape_by_mix") or {})
+        self.seen = np.frombuffer(st.get("seen", b""), dtype=np.uint64).copy()
