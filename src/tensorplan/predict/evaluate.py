@@ -725,7 +725,6 @@ def render_markdown(res: dict) -> str:
     """Markdown tables of a result document (pasted into docs/cdmpp.md by the CLI)."""
     L = []
     d = res["dataset"]
-    m = res.get("machine", {})
     metric = {"cov": "CoV", "mad": "MAD/median"}.get(d.get("stability", "cov"), "spread")
     cov = "no stability filter" if d["max_cov"] is None else f"repeat {metric} ≤ {d['max_cov']:.0%}"
     L.append(f"Dataset `{d['path']}`: {d['records_stable']} stable records ({cov}) of "

@@ -12,7 +12,8 @@ The deviation is taken over the programs passed to one `predict` call, per task 
 task given with its candidate schedules (a tuner's batch, a dataset split) gets the relative
 model's spacing; a program given alone gets exactly the base's prediction. So does a program the
 trees were trained on (on any device): they nearly memorise it, and the spacing booster only
-helps where they have not seen the program (`bench/cdmpp_val_overlap.py`).
+helps where they have not seen the program (`bench/cdmpp_val_overlap.py`). The base's scale (the
+task's log mean) is kept exactly where a task's programs are all unseen, as on unseen networks.
 """
 from __future__ import annotations
 
