@@ -139,15 +139,22 @@ class ProgramArrays:
     def program_ids(self) -> np.ndarray:
         """[N] uint64: a hash of each program's task and leaves (features and positions), the same
         for one schedule timed on several devices (and for schedules of one task the features cannot
-        tell apart), so a model can tell which programs it was trained on."""
+        tell apart), so a model can tell which programs it was trained on. Computed once per array
+        (a model asks on every predict call), again when the leaves or task keys are replaced."""
         import hashlib
 
+        key = (self.leaf_data, self.pos_data, self.offsets, self.task_key)
+        cached = self.__dict__.get("_program_ids")
+        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+            return cached[1]
         o = self.offsets
-        return np.array([int.from_bytes(hashlib.blake2b(str(self.task_key[i]).encode()
-                                                        + self.leaf_data[o[i]:o[i + 1]].tobytes()
-                                                        + self.pos_data[o[i]:o[i + 1]].tobytes(),
-                                                        digest_size=8).digest(), "little")
-                         for i in range(len(self))], dtype=np.uint64)
+        ids = np.array([int.from_bytes(hashlib.blake2b(str(self.task_key[i]).encode()
+                                                       + self.leaf_data[o[i]:o[i + 1]].tobytes()
+                                                       + self.pos_data[o[i]:o[i + 1]].tobytes(),
+                                                       digest_size=8).digest(), "little")
+                        for i in range(len(self))], dtype=np.uint64)
+        self.__dict__["_program_ids"] = (key, ids)
+        return ids
 
     def subset(self, idx: Sequence[int] | np.ndarray) -> "ProgramArrays":
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
