@@ -10,9 +10,14 @@
 # stays warm (stores live in /tmp and are resumable).  Build the pieces here with `$0 pack`;
 # the programs to time go in the last piece (PROGRAMS=.tvmpack/pK/FILE.parquet), e.g. from
 #   tensorplan dataset sample --target nvidia/nvidia-h100 -o FILE    (new programs), or
-#   data/cdmpp-h100/programs.parquet                                 (re-time the H100's programs on another GPU).
+#   data/cdmpp-h100/programs.parquet                                 (re-time the H100's programs on another GPU),
+#   data/cdmpp-h100/untimed_programs.parquet                         (more programs per task: the 4,644 draws of
+#     `dataset sample --target nvidia/nvidia-h100 --programs-per-task 12 --skip-timed data/cdmpp-h100`; it travels
+#     with the tree, so PROGRAMS may name it directly).
 # Results come back as $OUT/*.sqlite.xz; merge them with
 #   tensorplan dataset export --store gpu.sqlite --out data/cdmpp-h100         (a new GPU dataset)
+#   tensorplan dataset export --store gpu.sqlite --out data/cdmpp-h100b        (new programs of the same tasks; load
+#     both as --data data/cdmpp-h100,data/cdmpp-h100b; bench/cdmpp_programs_per_task.py scores what they add)
 #   tensorplan dataset merge-gpu --name h200 --store gpu.sqlite --data data/cdmpp-h100  (same programs, new GPU)
 #   tensorplan dataset merge-device --prefix gpuhost --store cpu.sqlite
 set -uo pipefail

@@ -191,6 +191,15 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-eval-h200", [TP, "evaluate", "--data", "data/cdmpp-h100", "--splits", "device", "--source", "h100",
                          "--target", "h200", "--models", "xgboost,xgboost-hier,xgboost-deep,roofline,mlp,cdmpp,tlp",
                          "--out", "bench/results/cdmpp_eval_h200.json"], 25),
+    # would more programs per task help unseen networks? (docs/cdmpp.md, "More programs per task"):
+    # the H100 domain capped at 1-3 programs per task, and the CPU domains at 2-16
+    ("cdmpp-programs-per-task-h100", [PY, "bench/cdmpp_programs_per_task.py", "--data", "data/cdmpp-h100",
+                                      "--devices", "h100", "--holdout", "tiny-mlp,efficientvit-b1,vit-b16,resnet-50,retinaface",
+                                      "--caps", "1,2,3", "--models", "xgboost,xgboost-deep-mape,mlp,cdmpp", "--seeds", "0,1,2",
+                                      "--out", "bench/results/cdmpp_programs_per_task_h100.json"], 40),
+    ("cdmpp-programs-per-task-cpu", [PY, "bench/cdmpp_programs_per_task.py", "--devices", "local-1t,local-2t",
+                                     "--caps", "2,4,8,16", "--models", "xgboost,xgboost-deep-mape,xgboost-deep-rel-mape",
+                                     "--time-scale", "0.625", "--out", "bench/results/cdmpp_programs_per_task_cpu.json"], 35),
     ("codl-predictor", [PY, "bench/codl_predictor.py"], 5),
     ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),
     ("codl-simulate", [PY, "bench/codl_simulate.py", "--seeds", "3"], 5),

@@ -51,6 +51,22 @@ def test_sampled_cuda_schedules_are_valid_and_reproducible(cuda_programs, tmp_pa
     assert G.read_programs(f) == progs
 
 
+def test_untimed_leaves_out_the_programs_a_dataset_holds(cuda_programs, tmp_path):
+    """A later session times only new draws: programs of the dataset (same task, index, target) drop out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    d, keep, progs = cuda_programs
+    timed = progs[::2]
+    pq.write_table(pa.table({c: [p[c] for p in timed] for c in ("task_key", "index", "target")}),
+                   tmp_path / "programs.parquet")
+    left = G.untimed(progs, tmp_path)
+    assert left == progs[1::2]
+    other = [dict(p, target="nvidia/nvidia-a100") for p in timed]      # another GPU's draws are not timed
+    assert G.untimed(other, tmp_path) == other
+    with pytest.raises(TensorplanError, match="programs.parquet"):
+        G.untimed(progs, tmp_path / "nowhere")
+
+
 def test_cuda_programs_featurise_as_gpu_programs(cuda_programs):
     """Replayed on the task, a CUDA program binds blockIdx/threadIdx: the GPU feature block is set."""
     from tensorplan.predict.features import FEATURE_GROUPS, compact_ast

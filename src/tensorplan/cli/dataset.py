@@ -161,16 +161,23 @@ def sample(target: str = typer.Option("nvidia/nvidia-h100", "--target", help="TV
            out: Path = typer.Option(..., "-o", "--out", help="Programs file to write (parquet)."),
            data: Optional[Path] = typer.Option(None, "--data", help="Dataset whose tasks to sample (default: data/cdmpp/)."),
            programs_per_task: int = typer.Option(8, "--programs-per-task", help="Valid schedules wanted per task."),
+           skip_timed: Optional[Path] = typer.Option(None, "--skip-timed", help="GPU dataset whose programs are left "
+                                                     "out (already timed), e.g. data/cdmpp-h100."),
            workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Sampling processes (default: every CPU)."),
            json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Sample schedules of every task from TARGET's design space, for `measure-gpu`.
 
     The design space's postprocessors are applied; `measure-gpu` then times the programs on the
-    GPU machine as a new device domain."""
-    from ..predict.gpu_dataset import sample_programs, write_programs
+    GPU machine as a new device domain. With --skip-timed DIR (and more programs per task than DIR
+    holds) the file holds only the draws DIR has not timed: a later GPU session's work."""
+    from ..predict.gpu_dataset import sample_programs, untimed, write_programs
     progs = sample_programs(target, data=data, programs_per_task=programs_per_task, workers=workers)
+    drawn = len(progs)
+    if skip_timed is not None:
+        progs = untimed(progs, skip_timed)
     write_programs(progs, out)
-    r = {"programs": len(progs), "tasks": len({p["task_key"] for p in progs}), "target": target, "file": str(out)}
+    r = {"programs": len(progs), "tasks": len({p["task_key"] for p in progs}), "target": target, "file": str(out),
+         "already_timed_left_out": drawn - len(progs)}
     print(json.dumps(r, indent=1) if json_out else f"{r['programs']} programs of {r['tasks']} tasks -> {out}")
 
 

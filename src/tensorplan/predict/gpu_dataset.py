@@ -92,6 +92,21 @@ def sample_programs(target: str = DEFAULT_GPU_TARGET, *, data: str | Path | None
     return progs
 
 
+def untimed(programs: Sequence[dict], data: str | Path) -> list[dict]:
+    """The `programs` that the dataset at `data` does not hold yet (same task, sample index and
+    target): what a later GPU session should time to add programs per task. Sampling is seeded
+    per (task, index), so `sample_programs` with more programs per task re-draws the timed ones
+    first and this leaves the new draws."""
+    import pyarrow.parquet as pq
+    path = Path(data) / "programs.parquet"
+    if not path.exists():
+        raise TensorplanError(f"'{path}' does not exist; pass the GPU dataset whose programs are timed "
+                              "(e.g. data/cdmpp-h100)")
+    have = pq.read_table(path, columns=["task_key", "index", "target"]).to_pylist()
+    timed = {(r["task_key"], int(r["index"]), r["target"]) for r in have}
+    return [p for p in programs if (p["task_key"], int(p["index"]), p["target"]) not in timed]
+
+
 def write_programs(programs: Sequence[dict], path: str | Path) -> Path:
     """Sampled programs -> parquet (zstd): what a GPU machine needs to measure them."""
     import pyarrow as pa
