@@ -12,9 +12,12 @@ every fit and a rerun skips the (model, arm, seed) entries it holds. Writes OUT.
 
     .venv/bin/python bench/cdmpp_programs_per_task.py --data data/cdmpp-h100 --devices h100 \
         --holdout tiny-mlp,efficientvit-b1,vit-b16,resnet-50,retinaface --caps 1,2,3 \
-        --models xgboost,xgboost-deep-mape,mlp,cdmpp --out bench/results/cdmpp_programs_per_task_h100.json
+        --models xgboost,xgboost-deep-mape,mlp,cdmpp --seeds 0,1,2 --out bench/results/cdmpp_programs_per_task_h100.json
     .venv/bin/python bench/cdmpp_programs_per_task.py --devices local-1t,local-2t --caps 2,4,8,16 \
-        --models xgboost,xgboost-deep-rel-mape --time-scale 0.625 --out bench/results/cdmpp_programs_per_task_cpu.json
+        --models xgboost,xgboost-deep-mape,xgboost-deep-rel-mape --time-scale 0.625 \
+        --out bench/results/cdmpp_programs_per_task_cpu.json
+
+CDMPP and the MLP train under a time budget, so run nothing beside it.
 """
 from __future__ import annotations
 

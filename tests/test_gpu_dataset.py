@@ -3,6 +3,7 @@ on a GPU (skipped here without one), exported as a dataset with GPU features."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -65,6 +66,14 @@ def test_untimed_leaves_out_the_programs_a_dataset_holds(cuda_programs, tmp_path
     assert G.untimed(other, tmp_path) == other
     with pytest.raises(TensorplanError, match="programs.parquet"):
         G.untimed(progs, tmp_path / "nowhere")
+    # the CLI checks the directory before it spends minutes sampling
+    from typer.testing import CliRunner
+    from tensorplan.cli import app
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["dataset", "sample", "--skip-timed", str(tmp_path / "nowhere"),
+                                   "-o", str(tmp_path / "p.parquet")])
+    assert res.exit_code != 0 and "programs.parquet" in str(res.exception) + res.output
+    assert time.perf_counter() - t0 < 30 and not (tmp_path / "p.parquet").exists()
 
 
 def test_cuda_programs_featurise_as_gpu_programs(cuda_programs):

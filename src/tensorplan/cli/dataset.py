@@ -171,6 +171,8 @@ def sample(target: str = typer.Option("nvidia/nvidia-h100", "--target", help="TV
     GPU machine as a new device domain. With --skip-timed DIR (and more programs per task than DIR
     holds) the file holds only the draws DIR has not timed: a later GPU session's work."""
     from ..predict.gpu_dataset import sample_programs, untimed, write_programs
+    if skip_timed is not None:
+        untimed([], skip_timed)        # a wrong directory fails now, not after minutes of sampling
     progs = sample_programs(target, data=data, programs_per_task=programs_per_task, workers=workers)
     drawn = len(progs)
     if skip_timed is not None:
