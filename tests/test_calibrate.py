@@ -74,3 +74,33 @@ def test_finetune_calibrate_then_predict_with_it(cdmpp_small, tmp_path):
     assert out["predictor"] == "Calibrated" and out["total_ms"] > 0
     with pytest.raises(TensorplanError, match="adapt must be"):
         finetune_device("local-1t", data=cdmpp_small["ds"], adapt="bogus")
+
+
+@pytest.mark.parametrize("domain,installs", [("local-1t", False), ("gpuhost-1t", True)])
+def test_held_out_check_declines_on_a_learnt_cpu_and_installs_on_a_new_one(domain, installs):
+    """`calibrate`'s guard, replayed on the dataset's records (bench/cdmpp_calibration_guard.py):
+    on the collection CPU, which the shipped model learnt, the correction loses on tasks it was not
+    fitted on (it made the predict check worse there); on the 16-core Xeon it never learnt, it wins.
+    Either way the decision matches what the correction does to every other task of the domain."""
+    from tensorplan.predict.cdmpp import device_features, load_shipped
+    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.predict.finetune import programs_of_tasks, select_tasks_kmeans
+    from tensorplan.predict.local_calibration import held_out_check
+
+    ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
+    est = load_shipped()
+    arr = as_arrays(ds.device(domain))
+    tasks = select_tasks_kmeans(arr, 40, seed=0)
+    samples = arr.subset(programs_of_tasks(arr, tasks, 4, 0))
+    src = device_features("local-1t", ds.devices).tolist()
+
+    def make():
+        return Calibrated(est, source="local-1t", source_features=src)
+
+    check = held_out_check(make, samples, est.predict(samples))
+    assert check["folds"] == 5 and check["n"] == len(samples)
+    assert check["calibration_better"] is installs
+    test = arr.subset(np.flatnonzero(~np.isin(arr.task_key, tasks)))
+    here = regression_metrics(est.predict(test), test.latency_s)["mape_pct"]
+    calibrated = regression_metrics(make().fit(samples).predict(test), test.latency_s)["mape_pct"]
+    assert (calibrated < here) is installs

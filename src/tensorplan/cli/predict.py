@@ -222,9 +222,14 @@ def register(app: typer.Typer) -> None:
         model: Optional[Path] = typer.Option(None, "--model", help="Model to calibrate (default: shipped)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Where to save (default: the cache, where "
                                            "`predict --device local` finds it)."),
+        force: bool = typer.Option(False, "--force", help="Install the calibration even where, on tasks it was "
+                                   "not fitted on, it predicts worse than the uncalibrated model."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Time a few dataset programs on this CPU (minutes) and calibrate the predictor to it."""
+        """Time a few dataset programs on this CPU (minutes) and calibrate the predictor to it.
+
+        The correction is checked on tasks it was not fitted on (5 folds) against the model as
+        `predict` uses it here, and installed only where it wins (or with --force)."""
         from ..predict.cdmpp import resolve_domain
         from ..predict.local_calibration import calibrate_here
         from ..predict.network import local_threads
@@ -232,15 +237,19 @@ def register(app: typer.Typer) -> None:
         n = threads or local_threads(resolve_domain("local"))
         info = calibrate_here(local_threads(f"local-{n}t"), n_tasks=tasks, per_task=per_task, data=data, model=model,
                               out=out, exclude_networks=[x for x in exclude.split(",") if x], max_mad=max_mad,
-                              progress=not json_out, log=None if json_out else _log)
+                              force=force, progress=not json_out, log=None if json_out else _log)
         if json_out:
             print(_dump(info))
             return
-        u, c = info["uncalibrated_on_samples"], info["calibrated_on_samples"]
+        h = info["held_out_tasks"]
+        cmp = (f"on tasks it was not fitted on: MAPE {h['model_here']['mape_pct']:.1f}% uncalibrated → "
+               f"{h['calibrated']['mape_pct']:.1f}% calibrated; " if "calibrated" in h else "")
         Console().print(f"{info['n_timed']} programs of {len(info['tasks'])} tasks timed here in {info['time_s']:.0f} s; "
-                        f"this CPU / collection CPU: {info['here_vs_source_median_ratio']:.2f}× (median); "
-                        f"fit on them: MAPE {u['mape_pct']:.1f}% → {c['mape_pct']:.1f}%; saved {info['path']} "
-                        f"(`tensorplan predict MODEL --device local --measure` to check it on a network)")
+                        f"this CPU / collection CPU: {info['here_vs_source_median_ratio']:.2f}× (median); {cmp}"
+                        + (f"saved {info['path']} (`tensorplan predict MODEL --device local --measure` to check it "
+                           "on a network)" if info["installed"] else
+                           "not installed: the uncalibrated model predicts this CPU better, `predict` keeps it "
+                           "(--force to install anyway)"))
 
     @app.command("evaluate")
     def evaluate_cmd(

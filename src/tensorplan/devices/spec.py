@@ -144,6 +144,34 @@ def feature_differences(a, b, rtol: float = 0.05) -> list[str]:
     return out
 
 
+# the throughput and cache figures a model scales its predictions by; counts and flags are left out
+RANGE_FEATURES = ("clock_ghz", "log10_peak_gflops", "log10_mem_bw_gbs", "log10_ridge_flop_per_byte",
+                  "log10_l2_kb", "log10_l3_kb", "log2_gflops_per_core")
+
+
+def features_outside(learnt, here, rtol: float = 0.05) -> list[str]:
+    """The throughput/cache figures of `here` that lie outside the range of the `learnt` device vectors
+    of the same kind (CPU or GPU) by more than `rtol`, in natural units ("mem_bw_gbs 13 (learnt
+    17.5-89.5)"): where a model extrapolates, and a zero-shot prediction is least trustworthy."""
+    here = np.asarray(here, float)
+    gpu = FEATURE_NAMES.index("is_gpu")
+    rows = [np.asarray(v, float) for v in learnt]
+    rows = [v for v in rows if v[gpu] == here[gpu]]
+    if not rows:
+        return []
+    learnt_arr = np.stack(rows)
+    out = []
+    for name in RANGE_FEATURES:
+        i = FEATURE_NAMES.index(name)
+        base = 10.0 if name.startswith("log10_") else 2.0 if name.startswith("log2_") else None
+        show = (lambda v: base ** v - 1) if base else (lambda v: v)
+        lo, hi, y = show(learnt_arr[:, i].min()), show(learnt_arr[:, i].max()), show(here[i])
+        if y < lo * (1 - rtol) or y > hi * (1 + rtol):
+            label = name.split("_", 1)[1] if base else name
+            out.append(f"{label} {y:.3g} (learnt {lo:.3g}-{hi:.3g})")
+    return out
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, np.generic):
         return o.item()

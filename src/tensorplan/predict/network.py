@@ -243,7 +243,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     one with `tvm.compile(tvm.script.from_source(text))`."""
     import tvm
 
-    from ..devices.spec import feature_differences
+    from ..devices.spec import feature_differences, features_outside
     from ..graph.load import resolve_model
     from .dataset import init_pool, time_module
 
@@ -278,12 +278,17 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     # or this CPU when the model learnt it as another domain than the `local-*` one it resolves to
     same_as = (next((d for d, v in learnt_all.items() if d != dom and np.allclose(v, here, rtol=0.05)), None)
                if learnt is None or diff else None)
+    outside = features_outside(list(learnt_all.values()), here) if same_as is None else []
+    beyond = (f"; this device lies outside every device the model learnt ({', '.join(outside)}), so the model "
+              "extrapolates: on a 2-core Xeon VM whose bandwidth lay below the learnt range it over-predicted "
+              "1.65x (kernel MAPE 90 %, docs/cdmpp.md)" if outside else "")
     if diff and same_as is None:
         warning = (f"zero-shot: the model learnt '{dom}' on another machine (its device vector differs from what "
                    f"'{dom}' resolves to here: {', '.join(diff)}); on a new CPU such predictions were off by "
-                   "40-70 % (MAPE) in docs/cdmpp.md. Run `tensorplan calibrate` here (minutes) and predict again.")
+                   f"40-70 % (MAPE) in docs/cdmpp.md{beyond}. Run `tensorplan calibrate` here (minutes) and "
+                   "predict again.")
     elif known and dom not in known and same_as is None:
-        warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'; "
+        warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'{beyond}; "
                    + ("on a new CPU such predictions were off by 40-70 % (MAPE, held-out CPUs) in docs/cdmpp.md. "
                       "Run `tensorplan calibrate` on that machine." if not is_gpu else
                       "with one GPU learnt, the device vector barely moves its predictions, so expect the learnt "
