@@ -165,16 +165,18 @@ def test_second_pass_times_only_what_an_export_lacks(tmp_path):
         D.timed_programs(tmp_path)
 
 
-def test_programs_over_the_time_cap_join_the_dataset():
-    """data/cdmpp-big-zen4 (`collect --exclude-data data/cdmpp --max-kernel-ms 2000` on the Zen 4 VM):
-    programs the dataset skipped as slower than 0.1 s, none of them a program it timed, loading as
-    more records of its zen4 domains."""
-    big_dir = D.default_data_dir().parent / "cdmpp-big-zen4"
+@pytest.mark.parametrize("name,domains", [("cdmpp-big-zen4", {"zen4-1t", "zen4-2t"}),
+                                          ("cdmpp-big-zen5", {"local-1t", "local-2t"})])
+def test_programs_over_the_time_cap_join_the_dataset(name, domains):
+    """data/cdmpp-big-zen4 and -zen5 (`collect --exclude-data data/cdmpp --max-kernel-ms 2000` on the
+    Zen 4 VM, and on a VM of the collection CPU's type): programs the dataset skipped as slower than
+    0.1 s, none of them a program it timed, loading as more records of its zen4 / local domains."""
+    big_dir = D.default_data_dir().parent / name
     ds = _committed_or_skip()
     if not (big_dir / "records.parquet").exists():
-        pytest.skip("data/cdmpp-big-zen4 not available")
+        pytest.skip(f"data/{name} not available")
     big = D.load_dataset(big_dir)
-    assert set(big.records["device"]) == {"zen4-1t", "zen4-2t"}
+    assert set(big.records["device"]) == domains
     assert (big.records["latency_s"] > 0.1).mean() > 0.5 and big.records["flops"].min() >= 1e8
     assert not D.timed_programs(big_dir) & D.timed_programs(D.default_data_dir())
     both = D.load_dataset(f"{D.default_data_dir()},{big_dir}")
