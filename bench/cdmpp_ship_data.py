@@ -128,7 +128,10 @@ def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: flo
 
 
 # the dataset's domain prefix of each CPU type a predict check ran on
-DOMAIN_PREFIX = {"AMD EPYC (family 25, model 17)": "zen4", "AMD EPYC (family 25, model 1)": "zen3"}
+DOMAIN_PREFIX = {"AMD EPYC (family 25, model 17)": "zen4", "AMD EPYC (family 25, model 1)": "zen3",
+                 "AMD EPYC (family 26, model 2)": "local"}   # the collection CPU's own type
+# every export a shipped model may have learnt from (labels of the check host's type among them)
+LABEL_DATA = ARMS["all-cpus"][0] + ",data/cdmpp-big-zen5"
 
 
 def _host_labelled(data: str, host: str) -> set[tuple[str, int]]:
@@ -162,7 +165,7 @@ def score_weights(weights: Path, label: str, holdout: list[str], host: str, out:
     tests = _test_sets(holdout)
     est = load_estimator(weights)
     nets = _check(est, network_arrays(list(measured), "local-2t", None), measured,
-                  labelled=_host_labelled(ARMS["all-cpus"][0], host))
+                  labelled=_host_labelled(LABEL_DATA, host))
     row = {"arm": label, "model": "weights", "seed": 0, "weights": str(weights), "host": host, "holdout": holdout,
            "devices": list(getattr(est, "domains_", []) or []), "train_records": None,
            "scores": {k: _metrics(est, t) for k, t in tests.items()}, "check": _pooled(nets),
