@@ -149,22 +149,30 @@ def _host_labelled(data: str, host: str) -> set[tuple[str, int]]:
     return out
 
 
-def score_weights(weights: Path, label: str, holdout: list[str], host: str, out: Path) -> None:
+def score_weights(weights: Path, label: str, holdout: list[str], host: str, out: Path,
+                  predict_as: str | None = None) -> None:
     """One line for a saved model (`--weights`), scored the same three ways. A shipped model trained
     on every network, so its `heldout` and `check` figures include networks it learnt: they show what
-    users get, not generalisation; the `gpuhost-*` CPUs it never learnt stay zero-shot."""
+    users get, not generalisation; the `gpuhost-*` CPUs it never learnt stay zero-shot.
+
+    `predict_as`: a dataset domain of the check host's CPU type (`zen4-2t`): its kernels are predicted
+    with that domain's recorded device vector, so the check can be scored on any machine; without it
+    this must run on the check's host and predicts as `local-2t`, measured here."""
     from tensorplan.devices.detect import cpu_info
     from tensorplan.predict.cdmpp import load_estimator
+    from tensorplan.predict.dataset import load_dataset
 
-    if cpu_info()["model"] != host:
-        raise SystemExit(f"the check's kernels were timed on '{host}'; run this on that CPU type")
-    if any(r["arm"] == label and r["model"] == "weights" for r in _rows(out)):
-        print(f"{out} already scores weights '{label}'; delete that line to score them again")
+    if predict_as is None and cpu_info()["model"] != host:
+        raise SystemExit(f"the check's kernels were timed on '{host}'; run this on that CPU type "
+                         "(or pass --predict-as with its dataset domain)")
+    if any(r["arm"] == label and r["model"] == "weights" and r["host"] == host for r in _rows(out)):
+        print(f"{out} already scores weights '{label}' on '{host}'; delete that line to score them again")
         return
     measured = checked_kernels(CHECK, host)
     tests = _test_sets(holdout)
     est = load_estimator(weights)
-    nets = _check(est, network_arrays(list(measured), "local-2t", None), measured,
+    specs = load_dataset(None).devices if predict_as else None
+    nets = _check(est, network_arrays(list(measured), predict_as or "local-2t", specs), measured,
                   labelled=_host_labelled(LABEL_DATA, host))
     row = {"arm": label, "model": "weights", "seed": 0, "weights": str(weights), "host": host, "holdout": holdout,
            "devices": list(getattr(est, "domains_", []) or []), "train_records": None,
@@ -178,8 +186,10 @@ def summarize(path: Path) -> dict:
     """Per (model, arm): medians over seeds of every score, the check's pooled kernel figures and
     each network's predicted / measured total."""
     groups: dict = {}
-    for r in _rows(path):
-        groups.setdefault(r["model"], {}).setdefault(r["arm"], []).append(r)
+    hosts = {r["host"] for r in _rows(path)}
+    for r in _rows(path):     # a file scoring several hosts' checks keeps them apart
+        arm = r["arm"] if len(hosts) == 1 else f"{r['arm']} on {r['host']}"
+        groups.setdefault(r["model"], {}).setdefault(arm, []).append(r)
     med = statistics.median
     out = {"host": next(iter(_rows(path)), {}).get("host"), "models": {}}
     for model, arms in groups.items():
@@ -205,11 +215,13 @@ def main(holdout: str = typer.Option("efficientvit-b1,tiny-mlp,mobilenet-v2,segf
          weights: Path = typer.Option(None, help="Instead of training: score this saved model (e.g. the shipped "
                                       "one) and append it as arm --label, model 'weights'."),
          label: str = typer.Option("shipped", help="The arm name of a --weights line."),
+         predict_as: str = typer.Option(None, help="With --weights: predict the check host's kernels as this "
+                                        "dataset domain (e.g. zen4-2t), so the check runs on any machine."),
          arms: str = typer.Option("collection,all-cpus", help=f"Training arms to run, of {', '.join(ARMS)}."),
          summary: bool = typer.Option(False, "--summary", help="Print and write the summary JSON.")) -> None:
     """Train on the collection CPU's data or on every CPU's, and score both where users predict."""
     if weights is not None:
-        score_weights(weights, label, [h for h in holdout.split(",") if h], host, out)
+        score_weights(weights, label, [h for h in holdout.split(",") if h], host, out, predict_as)
     elif not summary:
         run([h for h in holdout.split(",") if h], [m for m in models.split(",") if m],
             [int(x) for x in seeds.split(",") if x], time_scale, host, out, [a for a in arms.split(",") if a])
