@@ -152,7 +152,7 @@ RANGE_FEATURES = ("clock_ghz", "log10_peak_gflops", "log10_mem_bw_gbs", "log10_r
 def features_outside(learnt, here, rtol: float = 0.05) -> list[str]:
     """The throughput/cache figures of `here` that lie outside the range of the `learnt` device vectors
     of the same kind (CPU or GPU) by more than `rtol`, in natural units ("mem_bw_gbs 13 (learnt
-    17.5-89.5)"): where a model extrapolates, and a zero-shot prediction is least trustworthy."""
+    31.5-89.5)"): where a model extrapolates, and a zero-shot prediction is least trustworthy."""
     here = np.asarray(here, float)
     gpu = FEATURE_NAMES.index("is_gpu")
     rows = [np.asarray(v, float) for v in learnt]
