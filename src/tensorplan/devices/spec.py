@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -130,6 +130,14 @@ class DeviceSpec:
                 + (" (measured)" if self.measured else ""))
 
 
+def _natural(name: str) -> tuple[str, Callable[[float], float]]:
+    """A feature's name and value in natural units: 'log10_mem_bw_gbs' -> ('mem_bw_gbs', 10**v - 1)."""
+    base = 10.0 if name.startswith("log10_") else 2.0 if name.startswith("log2_") else None
+    if base is None:
+        return name, lambda v: v
+    return name.split("_", 1)[1], lambda v: base ** v - 1
+
+
 def feature_differences(a, b, rtol: float = 0.05) -> list[str]:
     """The entries of two device feature vectors that differ by more than `rtol`, in natural units
     ("mem_bw_gbs 90.6 -> 40"): why a model that learnt one device treats the other as new."""
@@ -137,9 +145,7 @@ def feature_differences(a, b, rtol: float = 0.05) -> list[str]:
     for name, x, y in zip(FEATURE_NAMES, np.asarray(a, float), np.asarray(b, float)):
         if np.isclose(x, y, rtol=rtol):
             continue
-        base = 10.0 if name.startswith("log10_") else 2.0 if name.startswith("log2_") else None
-        label = name.split("_", 1)[1] if base else name
-        show = (lambda v: base ** v - 1) if base else (lambda v: v)
+        label, show = _natural(name)
         out.append(f"{label} {show(x):.3g} -> {show(y):.3g}")
     return out
 
@@ -163,11 +169,9 @@ def features_outside(learnt, here, rtol: float = 0.05) -> list[str]:
     out = []
     for name in RANGE_FEATURES:
         i = FEATURE_NAMES.index(name)
-        base = 10.0 if name.startswith("log10_") else 2.0 if name.startswith("log2_") else None
-        show = (lambda v: base ** v - 1) if base else (lambda v: v)
+        label, show = _natural(name)
         lo, hi, y = show(learnt_arr[:, i].min()), show(learnt_arr[:, i].max()), show(here[i])
         if y < lo * (1 - rtol) or y > hi * (1 + rtol):
-            label = name.split("_", 1)[1] if base else name
             out.append(f"{label} {y:.3g} (learnt {lo:.3g}-{hi:.3g})")
     return out
 

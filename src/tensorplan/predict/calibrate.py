@@ -15,7 +15,6 @@ The wrapper is an `Estimator`, so it is saved, loaded and scored like every othe
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -67,10 +66,8 @@ class Calibrated(Estimator):
     def source_predict(self, arr: ProgramArrays) -> np.ndarray:
         if self.base is None:
             raise TensorplanError("calibrated: no base model")
-        vec = (np.asarray(self.source_features, np.float32) if self.source_features is not None
-               else device_features(self.source))
-        dev = np.repeat(vec[None], len(arr), axis=0)
-        return self.base.predict(dataclasses.replace(arr, device=dev))   # shares the leaf arrays
+        vec = self.source_features if self.source_features is not None else device_features(self.source)
+        return self.base.predict(arr.on_device(vec))
 
     def fit(self, train, val=None, target=None) -> "Calibrated":
         """Fit the correction on labelled target-device samples `train` (the base stays as it is)."""

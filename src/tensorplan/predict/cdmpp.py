@@ -108,6 +108,12 @@ class ProgramArrays:
     def n_leaves(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def on_device(self, vec) -> "ProgramArrays":
+        """The same programs (leaf arrays shared) with every row's device vector set to `vec`: how a
+        model predicts them for one device (a calibration's source CPU, or this one)."""
+        import dataclasses
+        return dataclasses.replace(self, device=np.repeat(np.asarray(vec, np.float32)[None], len(self), axis=0))
+
     def _hierarchy_cache(self) -> tuple[np.ndarray, np.ndarray]:
         """(`hierarchy_parts`, their log), computed once per array (models read them per batch and
         per fit step) and again when the FLOP counts, device vectors or leaves are replaced."""

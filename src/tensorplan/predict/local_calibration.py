@@ -152,8 +152,7 @@ def calibrate_here(threads: int, *, n_tasks: int = 40, per_task: int = 4, data=N
     cal.domain_features_ = {dom: device_features(dom).tolist()}
     src_pred = cal.source_predict(here)
     # what `predict --device local` gives without a calibration: the model with this CPU's vector
-    here_pred = est.predict(dataclasses.replace(here, device=np.repeat(
-        np.asarray(cal.domain_features_[dom], np.float32)[None], len(here), axis=0)))
+    here_pred = est.predict(here.on_device(cal.domain_features_[dom]))
     check = held_out_check(make, here, here_pred)
     info = {"host": host_id(), "threads": threads, "source": source, "tasks": [str(t) for t in tasks],
             "n_timed": int(ok.sum()), "n_selected": int(len(idx)), "skipped": skipped, "time_s": time.perf_counter() - t0,
