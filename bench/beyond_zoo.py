@@ -70,7 +70,7 @@ def _quantized(src: str, out: Path, fmt: str) -> str:
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
                                           quantize_static)
 
-    from tensorplan.graph.load import load_model
+    from tensorplan.zoo.load import load_model
     if fmt == "dynamic":
         quantize_dynamic(src, str(out), weight_type=QuantType.QInt8)
         return str(out)
@@ -118,7 +118,7 @@ def _contrib_mlp(out: Path) -> str:
 
 
 def models(work: Path) -> dict[str, str]:
-    from tensorplan.graph.load import resolve_model_path
+    from tensorplan.zoo.load import resolve_model_path
     (work / "beyond_zoo_models.py").write_text(FACTORIES)
     r50 = str(resolve_model_path("resnet-50"))
     return {"resnet-50 int8 dynamic": _quantized(r50, work / "r50_dyn.onnx", "dynamic"),
@@ -132,7 +132,7 @@ def models(work: Path) -> dict[str, str]:
 def main(out: Path = typer.Option(OUT, help="Results JSON."),
          only: str = typer.Option("", help="Comma-separated substrings of model labels to run.")) -> None:
     from tensorplan.devices import resolve
-    from tensorplan.graph.analysis import inspect_model
+    from tensorplan.workflows.inspect import inspect_model
     from tensorplan.workflows.demo import run_demo
     work = Path(tempfile.mkdtemp(prefix="beyond_zoo_"))
     rows = []

@@ -40,9 +40,8 @@ def main(devices: str = typer.Option("local-1t,local-2t", "--devices", help="Dev
          out: Path = typer.Option(Path("bench/results/cdmpp_bases.json"), "--out")) -> None:
     import re
 
-    from tensorplan.predict.cdmpp import (TaskSpread, as_arrays, device_peak_bw, fit_cache_ratio, hierarchy_parts,
-                                          hierarchy_seconds, roofline_seconds)
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.model import TaskSpread, as_arrays, device_peak_bw, fit_cache_ratio, hierarchy_parts, hierarchy_seconds, roofline_seconds
+    from tensorplan.cdmpp.dataset import load_dataset
 
     full = load_dataset().filter_stable(0.01, metric="mad")
     res: dict = {"command": "python bench/cdmpp_bases.py --devices " + devices + (f" --tasks '{tasks}'" if tasks else ""),

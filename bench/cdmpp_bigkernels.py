@@ -54,8 +54,8 @@ def checked_kernels(check: Path, host: str) -> dict[str, dict[str, dict]]:
 def network_arrays(networks: list[str], dom: str, specs: dict) -> dict[str, tuple[list[str], np.ndarray, object]]:
     """{network: (task keys, calls, ProgramArrays)} of each kernel's default schedule, featurised once,
     on domain `dom` as the dataset's `specs` record it."""
-    from tensorplan.graph.load import resolve_model
-    from tensorplan.predict.network import network_programs, static_onnx
+    from tensorplan.zoo.load import resolve_model
+    from tensorplan.cdmpp.predict import network_programs, static_onnx
 
     out = {}
     for net in networks:
@@ -87,14 +87,14 @@ def score(pred_s: np.ndarray, keys: list[str], calls: np.ndarray, measured: dict
 
 def train_model(tr_ds, name: str, seed: int, time_scale: float):
     """One harness model (`evaluate.make_model`) trained on `tr_ds` -> (estimator, train info)."""
-    from tensorplan.predict import evaluate as E
-    from tensorplan.predict.cdmpp import train
+    from tensorplan.cdmpp import evaluate as E
+    from tensorplan.cdmpp.model import train
     return train(tr_ds, seed=seed, make=lambda s: E.make_model(name, time_scale=time_scale, seed=s))
 
 
 def run(extra: str, devices: list[str], also: list[str], holdout: list[str], models: list[str], seeds: list[int],
         time_scale: float, check: Path, host: str, dom: str, out: Path) -> None:
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.dataset import load_dataset
 
     measured = checked_kernels(check, host)
     arrays = None

@@ -46,9 +46,8 @@ def run(models: list[str], seed: int, time_scale: float, devices: list[str], sha
     `quick`: the harness's tiny budgets (tests)."""
     import torch
 
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import (EvalData, machine_info, network_error, network_split,
-                                             score_on_network_split)
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import EvalData, machine_info, network_error, network_split, score_on_network_split
 
     torch.set_num_threads(1)
     raw = data if data is not None and not isinstance(data, (str, Path)) else load_dataset(data)
@@ -89,7 +88,7 @@ def summary(out: Path, seed: int, time_scale: float, devices: list[str]) -> dict
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tensorplan.predict.evaluate import network_error
+    from tensorplan.cdmpp.evaluate import network_error
 
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["seed"] == seed and r["time_scale"] == time_scale and r["devices"] == devices]

@@ -32,10 +32,10 @@ DOMAINS = ["local-1t", "local-2t", "zen4-1t", "zen4-2t", "zen3-1t", "zen3-2t", "
 
 def one(ds, est, dom: str, seed: int, n_tasks: int, per_task: int) -> dict:
     """The guard's decision for domain `dom` with selection seed `seed`, and whether it was right."""
-    from tensorplan.predict.calibrate import Calibrated
-    from tensorplan.predict.cdmpp import as_arrays, device_features, regression_metrics
-    from tensorplan.predict.finetune import programs_of_tasks, select_tasks_kmeans
-    from tensorplan.predict.local_calibration import held_out_check
+    from tensorplan.cdmpp.calibrate import Calibrated
+    from tensorplan.cdmpp.model import as_arrays, device_features, regression_metrics
+    from tensorplan.cdmpp.finetune import programs_of_tasks, select_tasks_kmeans
+    from tensorplan.cdmpp.local_calibration import held_out_check
 
     threads = int(dom.split("-")[1][:-1])
     source = f"local-{threads}t"
@@ -68,8 +68,8 @@ def main(domains: str = typer.Option(",".join(DOMAINS), help="Dataset CPU domain
          per_task: int = typer.Option(4, help="Programs per task (calibrate's --per-task)."),
          out: Path = typer.Option(OUT, help="Result JSON.")) -> None:
     """Replay calibrate's held-out check on the dataset's CPU domains; score its decisions."""
-    from tensorplan.predict.cdmpp import load_shipped
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.model import load_shipped
+    from tensorplan.cdmpp.dataset import load_dataset
 
     ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
     est = load_shipped()

@@ -26,8 +26,8 @@ def main(data: Path = typer.Option(None, "--data", help="Exported dataset direct
          seed: int = typer.Option(0, "--seed")) -> None:
     import xgboost as xgb
 
-    from tensorplan.predict.cdmpp import as_arrays
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.model import as_arrays
+    from tensorplan.cdmpp.dataset import load_dataset
 
     ds = load_dataset(data)
     ds = ds.subset((ds.records.mad_rel <= 0.01).to_numpy())

@@ -3,7 +3,7 @@
 Why: on held-out networks the predictors' largest errors are data-movement kernels (on the
 harness split they are 12 % of `xgboost-hier`'s test records and 37 % of its summed APE, the worst
 being small strided slices predicted 4-13x too slow; `--breakdown`, docs/cdmpp.md, *Data-movement
-coverage*). The zoo networks hold few such kernels, at few sizes. `datamove-grid` (graph/zoo/synthetic.py) is 144 of
+coverage*). The zoo networks hold few such kernels, at few sizes. `datamove-grid` (zoo/synthetic.py) is 144 of
 them: nine layout patterns on sixteen shapes, none of them a kernel of the dataset's networks.
 
 The grid's records must come from the CPU the test records come from, so this runs on a domain
@@ -44,7 +44,7 @@ def is_data_movement(task_name: str) -> bool:
 
 
 def _metrics(pred: np.ndarray, y: np.ndarray) -> dict:
-    from tensorplan.predict.cdmpp import regression_metrics
+    from tensorplan.cdmpp.model import regression_metrics
     if len(y) == 0:
         return {"n": 0}
     m = regression_metrics(pred, y)
@@ -55,8 +55,8 @@ def _metrics(pred: np.ndarray, y: np.ndarray) -> dict:
 def run(extra: str, devices: list[str], holdout: list[str], models: list[str], seeds: list[int],
         time_scale: float, out: Path, also_train: list[str] | None = None) -> None:
     """`also_train`: more domains to train on (e.g. the collection CPU's), tested on `devices` only."""
-    from tensorplan.predict import evaluate as E
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp import evaluate as E
+    from tensorplan.cdmpp.dataset import load_dataset
 
     also = [d for d in (also_train or []) if d not in devices]
     done = {(r["model"], r["seed"], r["with_grid"]) for r in _rows(out)}
@@ -95,9 +95,9 @@ def breakdown(devices: list[str], holdout: list[str], model: str, out: Path, top
     """Where the held-out-network error comes from: `model` trained on the harness split of
     `devices`, its summed APE per test task, the data-movement kernels' share, and the training
     programs nearest (summed log features) to the worst task's."""
-    from tensorplan.predict import evaluate as E
-    from tensorplan.predict.baselines import summed_features
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp import evaluate as E
+    from tensorplan.cdmpp.baselines import summed_features
+    from tensorplan.cdmpp.dataset import load_dataset
 
     ds = load_dataset(None).only_devices(devices).filter_stable(max_cov=0.01, metric="mad")
     data = E.EvalData(ds)

@@ -1,4 +1,4 @@
-"""Small *real* development dataset for the CDMPP model code, independent of predict/dataset.py.
+"""Small *real* development dataset for the CDMPP model code, independent of cdmpp/dataset.py.
 
 Samples meta-schedule schedules of a few TE workloads, measures each at 1 and 2 TVM threads
 (time_evaluator) and stores TVM's own PerStoreFeature rows (the same 164-d Ansor features) as

@@ -1,6 +1,6 @@
 """How the 1-thread latency of a program relates to its 2-thread latency, on the committed records.
 
-Why: few-shot device adaptation (`predict/calibrate.py`) predicts the target device as the source
+Why: few-shot device adaptation (`cdmpp/calibrate.py`) predicts the target device as the source
 prediction times a learned factor. This shows what that factor looks like on this CPU: by the
 program's parallel-loop extent and by kernel size (fixed per-call costs of the thread pool dominate
 kernels of a few µs).
@@ -14,9 +14,9 @@ import pandas as pd
 
 
 def main() -> None:
-    from tensorplan.predict.cdmpp import as_arrays
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.features import FEATURE_NAMES
+    from tensorplan.cdmpp.model import as_arrays
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.features import FEATURE_NAMES
 
     ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
     arr = as_arrays(ds)

@@ -24,7 +24,7 @@ def ratios(ds, a: str, b: str, max_mad: float = 0.01) -> dict:
     (MAPE of A as B: the error floor of a device split from A to B, if B were A), over every
     common program and over those stable (MAD/median <= max_mad) on both, where B is also
     predicted as A times the best factor, one and one per task (`mape_point.factor_floors`)."""
-    from tensorplan.predict.mape_point import factor_floors
+    from tensorplan.cdmpp.mape_point import factor_floors
 
     r = ds.records
     pa = r[r["device"] == a].set_index("prog_idx")
@@ -43,7 +43,7 @@ def ratios(ds, a: str, b: str, max_mad: float = 0.01) -> dict:
 
 
 def main() -> None:
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.dataset import load_dataset
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("domains", nargs="+", help="pairs A B: latency on A over latency on B")
     ap.add_argument("--data")

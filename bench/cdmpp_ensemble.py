@@ -1,4 +1,4 @@
-"""Do seed ensembles (predict/ensemble.py) help on unseen networks and on seen tasks?
+"""Do seed ensembles (cdmpp/ensemble.py) help on unseen networks and on seen tasks?
 
 For each split (the harness's held-out-network split and its sample split) and each model
 (CDMPP with CMD, CDMPP without CMD, XGBoost with bagging), K members are trained with seeds
@@ -38,8 +38,8 @@ XGB_MODELS = {"xgboost": {}, "xgboost-hier": {"parts": True, "base": "hierarchy"
 
 
 def _splits(names: list[str], holdout: str, devices: str = DEVICES):
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import network_split, sample_split
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import network_split, sample_split
 
     ds = load_dataset(None).only_devices(devices.split(",")).filter_stable(max_cov=0.01, metric="mad")
     out = {}
@@ -51,8 +51,8 @@ def _splits(names: list[str], holdout: str, devices: str = DEVICES):
 
 def _member(split: str, model: str, seed: int, seconds: float, holdout: str, devices: str = DEVICES) -> dict:
     """Train one member in this process; return its test predictions and training time."""
-    from tensorplan.predict.baselines import TenSetXGB
-    from tensorplan.predict.cdmpp import CDMPP
+    from tensorplan.cdmpp.baselines import TenSetXGB
+    from tensorplan.cdmpp.model import CDMPP
 
     tr, va, te = _splits([split], holdout, devices)[split]
     unl = None
@@ -70,7 +70,7 @@ def _member(split: str, model: str, seed: int, seconds: float, holdout: str, dev
 
 
 def _score(pred: np.ndarray, y: np.ndarray) -> dict:
-    from tensorplan.predict.cdmpp import regression_metrics
+    from tensorplan.cdmpp.model import regression_metrics
 
     m = regression_metrics(pred, y)
     return {k: m[k] for k in ("mape_pct", "median_ape_pct", "acc10_pct", "acc20_pct", "mean_abs_log_ratio")}
@@ -156,7 +156,7 @@ def main(members: int = typer.Option(3, "--members"),
         print(f"wrote {out} (blends)")
         return
 
-    from tensorplan.predict.evaluate import machine_info
+    from tensorplan.cdmpp.evaluate import machine_info
 
     split_names, model_names = splits.split(","), models.split(",")
     unknown = [m for m in model_names if m not in MODELS and m not in XGB_MODELS]

@@ -36,7 +36,7 @@ DRAWS = 5
 def measured_per_task(pred: np.ndarray, true: np.ndarray, task: np.ndarray, k: int, seed: int = 0) -> dict:
     """Each task's predictions times the median ratio of k of its programs (drawn at random), scored
     on the task's other programs; tasks with <= k programs are left out. Mean over DRAWS draws."""
-    from tensorplan.predict.cdmpp import regression_metrics
+    from tensorplan.cdmpp.model import regression_metrics
 
     rng = np.random.default_rng(seed)
     fixed, plain, n = [], [], 0
@@ -63,11 +63,10 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
          out: Path = typer.Option(Path("bench/results/cdmpp_error_parts.jsonl"), "--out"),
          time_scale: float = typer.Option(0.625, "--time-scale", help="The harness's budget scale (CDMPP 150 s)."),
          threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
-    from tensorplan.predict.cdmpp import regression_metrics, validation_choices, wrapped_layers
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import (PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split,
-                                             sample_split)
-    from tensorplan.predict.mape_point import factor_floors
+    from tensorplan.cdmpp.model import regression_metrics, validation_choices, wrapped_layers
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split, sample_split
+    from tensorplan.cdmpp.mape_point import factor_floors
 
     held = [h for h in holdout.split(",") if h] or list(PUBLISHED_HOLDOUT)
     done = {(r["split"], r["model"], ",".join(r.get("holdout") or PUBLISHED_HOLDOUT))

@@ -24,9 +24,9 @@ VARIANTS = ({}, {"finetune_steps": 1000}, {"finetune_scope": "all"}, {"finetune_
 def main(seconds: float = typer.Option(150.0, "--seconds", help="Source training budget."),
          cmd_alpha: float = typer.Option(1.0, "--cmd-alpha"), seed: int = typer.Option(0, "--seed"),
          out: Path = typer.Option(Path("bench/results/cdmpp_finetune_variants.jsonl"), "--out")) -> None:
-    from tensorplan.predict.cdmpp import CDMPP, regression_metrics
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import device_split
+    from tensorplan.cdmpp.model import CDMPP, regression_metrics
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import device_split
 
     ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
     dv = device_split(ds, "local-2t", "local-1t", per_task=8, seed=seed)  # as in the harness

@@ -40,7 +40,7 @@ def measured_programs(data: str = DATA, device: str = "h100") -> dict[tuple[str,
     """(task key, draw index) -> `device`'s median latency of that program and whether it is stable."""
     import pandas as pd
 
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.dataset import load_dataset
     ds = load_dataset(data)
     progs = pd.read_parquet(Path(data) / "programs.parquet")[["prog_idx", "index"]]
     r = ds.records[ds.records["device"] == device].merge(progs, on="prog_idx")
@@ -50,7 +50,7 @@ def measured_programs(data: str = DATA, device: str = "h100") -> dict[tuple[str,
 
 def check(pred: dict, timed: dict) -> dict:
     """Attach the H100 timing of each predicted kernel's program; summarise the kernels found."""
-    from tensorplan.predict.network import measured_summary
+    from tensorplan.cdmpp.predict import measured_summary
     ks = []
     for k in pred["kernels"]:
         k = dict(k)
@@ -69,8 +69,8 @@ def check(pred: dict, timed: dict) -> dict:
 
 def holdout_model(net: str, members: int, max_time: float, data: str = DATA) -> tuple[str, dict]:
     """A CDMPP trained on the H100 records of tasks `net` does not have (saved to a temp file)."""
-    from tensorplan.predict.cdmpp import train
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.model import train
+    from tensorplan.cdmpp.dataset import load_dataset
     ds = load_dataset(data)
     mine = {k for k, nets in zip(ds.records.task_key, ds.records.networks) if any(n == net for n, _ in nets)}
     sub = ds.subset(np.flatnonzero(~ds.records.task_key.isin(mine).to_numpy()))
@@ -89,8 +89,8 @@ def _done(out: Path) -> set:
 def run(networks: list[str], holdout: bool, members: int, max_time: float, out: Path, device: str = "h100") -> None:
     import torch
 
-    from tensorplan.predict.evaluate import machine_info
-    from tensorplan.predict.network import predict_network
+    from tensorplan.cdmpp.evaluate import machine_info
+    from tensorplan.cdmpp.predict import predict_network
     torch.set_num_threads(2)
     timed = measured_programs(device=device)
     done = _done(out)

@@ -1,7 +1,7 @@
 """Whole-network totals: do they come out closer when each kernel's prediction is made a mean?
 
 Why: a kernel's prediction is median-like (log-space fit, CDMPP's MAPE term, the ensemble's shrink),
-and a network's latency is a sum, which wants each kernel's mean. `predict/totals.py` measures the
+and a network's latency is a sum, which wants each kernel's mean. `cdmpp/totals.py` measures the
 factor between the two on a model's validation records (Duan's smearing: the mean of measured /
 predicted) and `predict` multiplies the total by it. This bench checks that on data no model saw:
 
@@ -69,9 +69,9 @@ def shipped_factor(weights: Path | None, data: str) -> tuple[object, dict]:
     """(model, {factor, median and mean of measured / predicted, records}): the saved model's `totals.mean_factor` on the validation
     records `tensorplan train` held out when it trained it (seed 0: 5 % of the stable records of its
     domains in `data`; the shipped model's were its training command's --data)."""
-    from tensorplan.predict.cdmpp import SHIPPED_MODEL, as_arrays, load_estimator
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.totals import mean_factor
+    from tensorplan.cdmpp.model import SHIPPED_MODEL, as_arrays, load_estimator
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.totals import mean_factor
 
     est = load_estimator(weights or SHIPPED_MODEL)
     arr = as_arrays(load_dataset(data).only_devices(est.domains_).filter_stable(max_cov=0.01, metric="mad"))

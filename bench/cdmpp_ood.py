@@ -33,9 +33,9 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
          out: Path = typer.Option(Path("bench/results/cdmpp_ood.jsonl"), "--out")) -> None:
     import pandas as pd
 
-    from tensorplan.predict.cdmpp import CDMPP, regression_metrics
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import network_split
+    from tensorplan.cdmpp.model import CDMPP, regression_metrics
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import network_split
 
     kw = json.loads(params)
     ds = load_dataset(None)

@@ -48,7 +48,7 @@ def _collection_labels(data, threads: int) -> tuple[dict, set]:
     """{(task_key, index): median latency s} on the collection CPU at `threads`, and its networks."""
     import pandas as pd
 
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.dataset import load_dataset
 
     ds = load_dataset(data)
     index = pd.read_parquet(Path(ds.path) / "programs.parquet", columns=["prog_idx", "index"])
@@ -61,7 +61,7 @@ def run(networks: list[str], out: Path, calibrated: Path | None, data=None, devi
     """Per network not yet in the JSONL for this host: measure every kernel once, predict it with the
     shipped model and (if given) the model calibrated here, so both face the same measurements."""
     from tensorplan.devices.detect import cpu_info, machine_info
-    from tensorplan.predict.network import predict_network
+    from tensorplan.cdmpp.predict import predict_network
 
     host = cpu_info()["model"]
     done = _done(out)
@@ -94,7 +94,7 @@ def _errors(pred: np.ndarray, meas: np.ndarray, calls: np.ndarray) -> dict:
     """Per-kernel metrics and the call-weighted whole-network ratio (seconds in)."""
     from scipy.stats import spearmanr
 
-    from tensorplan.predict.cdmpp import regression_metrics
+    from tensorplan.cdmpp.model import regression_metrics
 
     m = regression_metrics(pred, meas)
     return {"mape_pct": m["mape_pct"], "median_ape_pct": m["median_ape_pct"], "acc20_pct": m["acc20_pct"],
@@ -132,7 +132,7 @@ def summarize(path: Path) -> dict:
             q["pred"] += list(p)
             q["meas"] += list(meas)
         rows.append(row)
-    from tensorplan.predict.cdmpp import regression_metrics
+    from tensorplan.cdmpp.model import regression_metrics
     pool = {h: {n: {**regression_metrics(np.array(v["pred"]), np.array(v["meas"])),
                     "median_ratio": _ratio(np.array(v["pred"]), np.array(v["meas"])),
                     "median_network_ratio": float(np.median([x[n]["total_ratio"] for x in rows
@@ -208,9 +208,9 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
     weights = None
     if calibrate:
         from tensorplan.paths import cache_dir
-        from tensorplan.predict.cdmpp import resolve_domain
-        from tensorplan.predict.local_calibration import calibrate_here, host_id
-        from tensorplan.predict.network import local_threads
+        from tensorplan.cdmpp.model import resolve_domain
+        from tensorplan.cdmpp.local_calibration import calibrate_here, host_id
+        from tensorplan.cdmpp.predict import local_threads
 
         weights = cache_dir() / "bench" / f"cdmpp-calibrated-heldout-{host_id()}.pt"
         if not weights.exists():

@@ -73,9 +73,8 @@ def main(data: str = typer.Option("", "--data", help="Export(s), comma-separated
          out: Path = typer.Option(Path("bench/results/cdmpp_programs_per_task.json"), "--out")) -> None:
     import pyarrow.parquet as pq
 
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import (PUBLISHED_HOLDOUT, EvalData, _val_split, machine_info,
-                                             score_on_network_split)
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, EvalData, _val_split, machine_info, score_on_network_split
 
     parts = [p.strip() for p in data.split(",") if p.strip()]
     held = [h for h in holdout.split(",") if h] or list(PUBLISHED_HOLDOUT)

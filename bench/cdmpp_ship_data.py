@@ -1,6 +1,6 @@
 """Which data should the shipped model learn: the collection CPU's, or every CPU's the repo holds?
 
-Why: the shipped model (`predict/weights/cdmpp-local.pt`) learns the Zen 5 collection CPU's two
+Why: the shipped model (`cdmpp/weights/cdmpp-local.pt`) learns the Zen 5 collection CPU's two
 domains (`local-1t/2t`). The repo also holds a second CPU's records: the Zen 4 domains
 (`zen4-1t/2t` in data/cdmpp), the programs over the 0.1 s cap (data/cdmpp-big-zen4) and the
 data-movement grid (data/cdmpp-datamove-zen4). A user on a Zen 4 machine then predicts in a domain
@@ -48,7 +48,7 @@ STABLE = {"max_cov": 0.01, "metric": "mad"}
 
 
 def _metrics(est, ds) -> dict:
-    from tensorplan.predict.cdmpp import as_arrays, regression_metrics
+    from tensorplan.cdmpp.model import as_arrays, regression_metrics
     arr = as_arrays(ds)
     m = regression_metrics(np.asarray(est.predict(arr)), arr.latency_s)
     return {k: m[k] for k in ("mape_pct", "median_ape_pct", "acc10_pct", "acc20_pct")} | {"records": len(ds)}
@@ -68,7 +68,7 @@ def _pooled(nets: dict, keep: str | None = None) -> dict:
 
 def _test_sets(holdout: list[str]) -> dict:
     """The held-out networks' unseen kernels on the collection CPU, and the zero-shot CPU's records."""
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.dataset import load_dataset
     everything = load_dataset(ARMS["all-cpus"][0]).filter_stable(**STABLE)
     _, test = everything.split(kind="network", holdout=holdout)
     return {"heldout": test.only_devices(ARMS["collection"][1])} | {d: everything.only_devices([d]) for d in ZERO_SHOT}
@@ -93,7 +93,7 @@ def _public(nets: dict) -> dict:
 def run(holdout: list[str], models: list[str], seeds: list[int], time_scale: float, host: str, out: Path,
         arms: list[str]) -> None:
     from tensorplan.devices.detect import cpu_info
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.dataset import load_dataset
 
     here = cpu_info()["model"]
     if here != host:
@@ -139,7 +139,7 @@ def _host_labelled(data: str, host: str) -> set[tuple[str, int]]:
     checked kernel among them was timed on this CPU type for training, so the check is in-sample there."""
     import pandas as pd
 
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.dataset import load_dataset
     out = set()
     for d in data.split(","):
         ds = load_dataset(d)
@@ -159,8 +159,8 @@ def score_weights(weights: Path, label: str, holdout: list[str], host: str, out:
     with that domain's recorded device vector, so the check can be scored on any machine; without it
     this must run on the check's host and predicts as `local-2t`, measured here."""
     from tensorplan.devices.detect import cpu_info
-    from tensorplan.predict.cdmpp import load_estimator
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.model import load_estimator
+    from tensorplan.cdmpp.dataset import load_dataset
 
     if predict_as is None and cpu_info()["model"] != host:
         raise SystemExit(f"the check's kernels were timed on '{host}'; run this on that CPU type "

@@ -26,9 +26,9 @@ def main():
     ap.add_argument("--out", default="bench/results/cdmpp_speed.json")
     ap.add_argument("--variants", default="cmd", help="comma list of: cmd, no_cmd")
     a = ap.parse_args()
-    from tensorplan.predict.cdmpp import CDMPP, as_arrays
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import _throughput, machine_info
+    from tensorplan.cdmpp.model import CDMPP, as_arrays
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import _throughput, machine_info
 
     ds = load_dataset(a.data).filter_stable(max_cov=a.max_cov)
     arr = as_arrays(ds)

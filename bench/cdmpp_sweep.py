@@ -72,10 +72,9 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
         return
     import torch
 
-    from tensorplan.predict.cdmpp import CDMPP, regression_metrics
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import (EvalData, _network_errors, _score, network_split,
-                                             sample_split)
+    from tensorplan.cdmpp.model import CDMPP, regression_metrics
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import EvalData, _network_errors, _score, network_split, sample_split
 
     torch.set_num_threads(1)
     kw = json.loads(params)

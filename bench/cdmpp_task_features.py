@@ -14,9 +14,9 @@ import typer
 
 def main(task_key: str = typer.Argument(..., help="Task key (bench/cdmpp_ood.py prints them)."),
          programs: int = typer.Option(3, "--programs", help="How many of the task's programs.")) -> None:
-    from tensorplan.predict import features as F
-    from tensorplan.predict.dataset import load_dataset, replay_trace
-    from tensorplan.predict.tasks import task_from_script
+    from tensorplan.cdmpp import features as F
+    from tensorplan.cdmpp.dataset import load_dataset, replay_trace
+    from tensorplan.cdmpp.tasks import task_from_script
 
     ds = load_dataset(None)
     r = ds.records.reset_index(drop=True)

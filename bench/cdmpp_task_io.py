@@ -32,10 +32,10 @@ def main(holdout: str = typer.Option("efficientvit-b1,tiny-mlp,mobilenet-v2", "-
          seed: int = typer.Option(0, "--seed")) -> None:
     import xgboost as xgb
 
-    from tensorplan.predict.baselines import TenSetXGB, summed_features
-    from tensorplan.predict.cdmpp import as_arrays
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import network_split
+    from tensorplan.cdmpp.baselines import TenSetXGB, summed_features
+    from tensorplan.cdmpp.model import as_arrays
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import network_split
 
     ds = load_dataset().filter_stable(0.01, metric="mad")
     splits = {"network": network_split(ds, holdout.split(","), seed=seed)}

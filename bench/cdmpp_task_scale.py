@@ -30,7 +30,7 @@ WEIGHTS = (0.5, 1.0)
 def task_rows(model, arr) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(group index per program, task rows [feature mean, feature std, mean offset], mean offset,
     mean log latency) per task and device domain."""
-    from tensorplan.predict.task_relative import group_index, group_means
+    from tensorplan.cdmpp.task_relative import group_index, group_means
 
     g = group_index(arr)
     f = model._features(arr).astype(np.float64)
@@ -45,9 +45,9 @@ def main(holdout: str = typer.Option("", "--holdout", help="Held-out networks (d
          threads: int = typer.Option(1, "--threads", help="XGBoost threads.")) -> None:
     import xgboost as xgb
 
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split
-    from tensorplan.predict.task_relative import group_means
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split
+    from tensorplan.cdmpp.task_relative import group_means
 
     held = [h for h in holdout.split(",") if h] or list(PUBLISHED_HOLDOUT)
     ds = load_dataset(None).only_devices(["local-1t", "local-2t"]).filter_stable(max_cov=0.01, metric="mad")

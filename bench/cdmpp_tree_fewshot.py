@@ -32,10 +32,10 @@ def main(source: str = typer.Option("local-1t", "--source", help="Source domain(
          threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
     import xgboost as xgb
 
-    from tensorplan.predict.cdmpp import ProgramArrays, regression_metrics
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import EvalData, device_split, machine_info, make_model
-    from tensorplan.predict.mape_point import mape_optimal_factor
+    from tensorplan.cdmpp.model import ProgramArrays, regression_metrics
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import EvalData, device_split, machine_info, make_model
+    from tensorplan.cdmpp.mape_point import mape_optimal_factor
 
     raw = load_dataset(None)
     ds = raw.filter_stable(max_cov=0.01, metric="mad")

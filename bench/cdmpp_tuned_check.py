@@ -46,8 +46,8 @@ def run(networks: list[str], tuned: int, device: str, out: Path, weights: Path |
     """Per network not yet in the JSONL for (host, N, label): predict with `weights` (default: the
     shipped model), time the default schedules and the picks."""
     from tensorplan.devices.detect import cpu_info, machine_info
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.network import predict_network
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.predict import predict_network
 
     host = cpu_info()["model"]
     done = _done(out)
@@ -77,10 +77,10 @@ def oracle(networks: list[str], tuned: int, threads: int, out: Path) -> None:
     import tvm
 
     from tensorplan.devices.detect import cpu_info
-    from tensorplan.graph.load import resolve_model
-    from tensorplan.predict.dataset import init_pool, time_module
-    from tensorplan.predict.network import MEASURE_TIMER, static_onnx, task_schedules
-    from tensorplan.predict.tasks import network_tasks_and_gaps
+    from tensorplan.zoo.load import resolve_model
+    from tensorplan.cdmpp.dataset import init_pool, time_module
+    from tensorplan.cdmpp.predict import MEASURE_TIMER, static_onnx, task_schedules
+    from tensorplan.cdmpp.tasks import network_tasks_and_gaps
     from tensorplan.progress import progress_bar
 
     host = cpu_info()["model"]
@@ -179,8 +179,8 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
                                           "picks' regret in --summary.")) -> None:
     """The model's picks among each kernel's first N schedules, timed against the default schedules."""
     if with_oracle:
-        from tensorplan.predict.network import local_threads
-        from tensorplan.predict.cdmpp import resolve_domain
+        from tensorplan.cdmpp.predict import local_threads
+        from tensorplan.cdmpp.model import resolve_domain
         oracle([m for m in models.split(",") if m], tuned, local_threads(resolve_domain(device)),
                out.with_name(ORACLE.name))
         return

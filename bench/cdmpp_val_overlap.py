@@ -26,9 +26,8 @@ import typer
 def main(out: Path = typer.Option(Path("bench/results/cdmpp_val_overlap.json"), "--out"),
          table: Path = typer.Option(Path("bench/results/cdmpp_eval.json"), "--table",
                                     help="The evaluation table's result JSON (for the recorded mixes).")) -> None:
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import (PUBLISHED_HOLDOUT, EvalData, device_split, machine_info,
-                                             network_split, sample_split)
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, EvalData, device_split, machine_info, network_split, sample_split
 
     ds = load_dataset(None).only_devices(["local-1t", "local-2t"]).filter_stable(max_cov=0.01, metric="mad")
     D = EvalData(ds)

@@ -40,13 +40,12 @@ def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl")
          splits: str = typer.Option("sample,network", "--splits", help="Comma-separated: sample, network."),
          rows: str = typer.Option("", "--rows", help="Comma-separated row numbers (0-based); default all."),
          threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
-    from tensorplan.predict.baselines import TenSetXGB
-    from tensorplan.predict.cdmpp import regression_metrics, within_task_spearman
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.ensemble import Ensemble
-    from tensorplan.predict.mape_point import MapePoint
-    from tensorplan.predict.evaluate import (PUBLISHED_HOLDOUT, XGB_DEEP, EvalData, machine_info, make_model,
-                                             network_split, sample_split)
+    from tensorplan.cdmpp.baselines import TenSetXGB
+    from tensorplan.cdmpp.model import regression_metrics, within_task_spearman
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.ensemble import Ensemble
+    from tensorplan.cdmpp.mape_point import MapePoint
+    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, XGB_DEEP, EvalData, machine_info, make_model, network_split, sample_split
 
     done = set()
     if out.exists():

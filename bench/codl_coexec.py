@@ -23,10 +23,9 @@ OUT = ROOT / "bench" / "results" / "codl_coexec.json"
 
 
 def main() -> None:
-    from tensorplan.graph import load_model
-    from tensorplan.plan.coexec import extract_ops
-    from tensorplan.runtime.coexecutor import (CoexecJob, ProcessPair, epilogue_specs, fit_local_cost,
-                                               memory_overhead, op_weights, reference_output)
+    from tensorplan.zoo.load import load_model
+    from tensorplan.codl.partition import extract_ops
+    from tensorplan.codl.coexecutor import CoexecJob, ProcessPair, epilogue_specs, fit_local_cost, memory_overhead, op_weights, reference_output
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
@@ -65,7 +64,7 @@ def main() -> None:
                 print(f"{m}[{i}] {co.shape.short():34s} {dim} {r:.1f} pred {pred['total']*1e3:7.3f} ms "
                       f"meas(min) {comp['total']*1e3:7.3f} ms  share in {comp['map_in']*1e3+comp['trans_in']*1e3:.3f}/"
                       f"{pred['share_in']*1e3:.3f}  err {err:.1e}", flush=True)
-    from tensorplan.runtime.coexecutor import coexec_model
+    from tensorplan.codl.coexecutor import coexec_model
 
     models = {}
     for m in [x for x in args.models.split(",") if x]:

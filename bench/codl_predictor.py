@@ -26,8 +26,8 @@ OUT = ROOT / "bench" / "results" / "codl_predictor.json"
 
 def do_collect(args) -> None:
     from tensorplan.measure.store import Store
-    from tensorplan.plan.coexec import sweep_items
-    from tensorplan.predict import codl_data as cd
+    from tensorplan.codl.partition import sweep_items
+    from tensorplan.codl import data as cd
 
     store = Store(args.store)
     items = sweep_items(args.models)
@@ -40,7 +40,7 @@ def do_collect(args) -> None:
     n = cd.collect_sharing(store, sizes)
     print(f"sharing: {n} rows", flush=True)
     try:
-        from tensorplan.runtime.coexecutor import ProcessPair
+        from tensorplan.codl.coexecutor import ProcessPair
 
         with ProcessPair() as pair:
             cd.put_sync(store, pair.measure_sync(200))
@@ -52,8 +52,8 @@ def do_collect(args) -> None:
 
 
 def do_compare(args) -> dict:
-    from tensorplan.predict import linear as L
-    from tensorplan.predict.codl_data import load_compact
+    from tensorplan.codl import predictor as L
+    from tensorplan.codl.data import load_compact
 
     samples, sharing = load_compact(DATA)
     stable = [s for s in samples if s.spread <= args.max_spread]

@@ -19,10 +19,10 @@ MODELS = ("retinaface", "yolov2", "vgg-16", "posenet", "candy")
 
 
 def main() -> None:
-    from tensorplan.graph import load_model
-    from tensorplan.runtime.simulate import PROFILE_DIR, SOCS, SYSTEMS, calibrate, plan_for, simulate
-    from tensorplan.plan.coexec import CoexecCost, chain_links, extract_ops, plan_ops, regret
-    from tensorplan.runtime.simulate import sharing_model
+    from tensorplan.zoo.load import load_model
+    from tensorplan.codl.simulate import PROFILE_DIR, SOCS, SYSTEMS, calibrate, plan_for, simulate
+    from tensorplan.codl.partition import CoexecCost, chain_links, extract_ops, plan_ops, regret
+    from tensorplan.codl.simulate import sharing_model
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=3)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from tensorplan.devices import cpu_info, measure_bandwidth, measure_matmul
+from tensorplan.devices.detect import cpu_info, measure_bandwidth, measure_matmul
 
 
 def main() -> None:

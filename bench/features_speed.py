@@ -1,7 +1,7 @@
 """Featurisation throughput (programs/s) of the CDMPP compact-AST featurizer on real dataset programs.
 
 Measures, interleaved over `--rounds` rounds (median reported, machine load recorded):
-  lower      TVM lowering pipeline only (tensorplan.predict.features.lower_for_features)
+  lower      TVM lowering pipeline only (tensorplan.cdmpp.features.lower_for_features)
   walk       our Python walk (tree + 164-d leaves) on pre-lowered TIR
   compact    compact_ast() per program = lower + walk
   many       featurize_many() (batched lowering), one process
@@ -32,7 +32,7 @@ def pass_costs(mods: list, ref: list) -> dict:
     the compact AST: which passes the featuriser cannot drop to go faster."""
     import numpy as np
     import tvm
-    from tensorplan.predict import features as F
+    from tensorplan.cdmpp import features as F
     seq = F._pipeline(False)
     out = {}
     cur = list(mods)
@@ -65,7 +65,7 @@ def replay(ds, record_ids: list[int], workers: int) -> list:
     """Scheduled IRModules of the records; replayed in forked workers (sent back as TVM JSON)."""
     import tvm
     from tensorplan.forkmap import fork_map
-    from tensorplan.predict import dataset as D
+    from tensorplan.cdmpp import dataset as D
     if workers <= 1:
         return [D.record_schedule(ds, r).mod for r in record_ids]
     js = fork_map(lambda a, b: [tvm.ir.save_json(D.record_schedule(ds, r).mod) for r in record_ids[a:b]],
@@ -76,7 +76,7 @@ def replay(ds, record_ids: list[int], workers: int) -> list:
 def scaling(a, ds, record_ids: list[int]) -> None:
     """featurize_many throughput per worker count, rounds interleaved, medians."""
     from tensorplan.forkmap import default_workers
-    from tensorplan.predict import features as F
+    from tensorplan.cdmpp import features as F
     counts = [int(w) for w in a.scaling.split(",")]
     t = time.perf_counter()
     mods = replay(ds, record_ids, default_workers())
@@ -116,8 +116,8 @@ def main() -> None:
     a = ap.parse_args()
 
     import numpy as np
-    from tensorplan.predict import dataset as D
-    from tensorplan.predict import features as F
+    from tensorplan.cdmpp import dataset as D
+    from tensorplan.cdmpp import features as F
 
     ds = D.load_dataset(a.data)
     rng = np.random.default_rng(0)

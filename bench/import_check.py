@@ -21,10 +21,10 @@ from tensorplan.devices.detect import machine_info
 def main() -> None:
     from rich.progress import Progress
 
-    from tensorplan.graph import zoo
-    from tensorplan.graph.onnx_import import import_onnx
-    from tensorplan.graph.reference import random_feeds, rel_error, run_reference
-    from tensorplan.graph.to_onnx import ort_session
+    from tensorplan import zoo
+    from tensorplan.ir.onnx_import import import_onnx
+    from tensorplan.ir.reference import random_feeds, rel_error, run_reference
+    from tensorplan.ir.to_onnx import ort_session
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default="", help="comma-separated zoo names (default: all)")

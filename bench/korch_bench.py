@@ -76,7 +76,7 @@ def ort_runner(path: Path, feeds: dict, threads: int):
 def eager_runner(name: str):
     import torch
 
-    from tensorplan.graph import zoo
+    from tensorplan import zoo
     module, inputs = zoo.build_torch(name)
 
     def run():
@@ -88,7 +88,7 @@ def eager_runner(name: str):
 def compile_runner(name: str, cache: Path):
     import torch
 
-    from tensorplan.graph import zoo
+    from tensorplan import zoo
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     module, inputs = zoo.build_torch(name)
     cm = torch.compile(module)
@@ -109,8 +109,8 @@ def relax_runner(graph, feeds: dict, threads: int):
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from tensorplan.graph.to_onnx import graph_to_onnx
-    from tensorplan.program.build import local_target
+    from tensorplan.ir.to_onnx import graph_to_onnx
+    from tensorplan.kernels.build import local_target
     t0 = time.perf_counter()
     mod = from_onnx(graph_to_onnx(graph), keep_params_in_input=False)
     ex = tvm.compile(mod, target=tvm.target.Target(local_target(threads)))
@@ -124,9 +124,9 @@ def relax_runner(graph, feeds: dict, threads: int):
 def no_fission_rules():
     """orchestrate() always fissions; for the ablation make it apply no rule (compound ops stay
     whole and run as opaque ONNX Runtime kernels)."""
-    import tensorplan.plan  # noqa: F401 - (the package re-exports a function of the module's name)
-    from tensorplan.graph.fission import fission
-    orch = sys.modules["tensorplan.plan.orchestrate"]
+    import tensorplan.korch  # noqa: F401 - (the package re-exports a function of the module's name)
+    from tensorplan.korch.fission import fission
+    orch = sys.modules["tensorplan.workflows.orchestrate"]
     old = orch.fission
     orch.fission = lambda g, rules=None: fission(g, rules={})
     try:
@@ -141,11 +141,12 @@ def bench_model(name: str, args, store) -> dict:
 
     from tensorplan.cost.measured import MeasuredCost
     from tensorplan.devices import resolve
-    from tensorplan.graph import analysis, zoo
-    from tensorplan.graph.fission import fission
-    from tensorplan.graph.reference import rel_error
+    from tensorplan.ir import analysis
+    from tensorplan import zoo
+    from tensorplan.korch.fission import fission
+    from tensorplan.ir.reference import rel_error
     from tensorplan.paths import cache_dir
-    from tensorplan.plan import orchestrate
+    from tensorplan.workflows import orchestrate
     from tensorplan.measure.timer import interleaved
     from tensorplan.runtime.executor import PlanExecutor, ort_reference
 
@@ -201,10 +202,10 @@ def bench_model(name: str, args, store) -> dict:
     res["plan_path"] = str(plans["tensorplan"].save(plan_dir / f"{name}.json"))
     res["cost_stats"] = dict(cm.stats)
     prims = {"tensorplan": plans["tensorplan"].primitive_graph()}
-    # what the plan computes after graph/rewrite.py (the bound above is for the model as given)
+    # what the plan computes after rewrite/rules.py (the bound above is for the model as given)
     res["roofline"]["rewritten_gflops"] = analysis.graph_flops(plans["tensorplan"].source_graph()) / 1e9
     if not args.no_ablations:
-        # the exact rewrites of graph/rewrite.py off (prim graph of the original model), raced like
+        # the exact rewrites of rewrite/rules.py off (prim graph of the original model), raced like
         # the plan itself so that the difference is the rewrites alone
         race = raced("no-rewrite", rewrite=False)
         if race:

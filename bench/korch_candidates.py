@@ -28,8 +28,8 @@ from tensorplan.devices.detect import machine_info
 
 def check_fission(name: str, opset: int, g, prim) -> float:
     import onnxruntime as ort
-    from tensorplan.graph import zoo
-    from tensorplan.graph.reference import random_feeds, rel_error, run_reference
+    from tensorplan import zoo
+    from tensorplan.ir.reference import random_feeds, rel_error, run_reference
     feeds = random_feeds(g, 0)
     sess = ort.InferenceSession(str(zoo.export(name, opset)), providers=["CPUExecutionProvider"])
     want = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
@@ -38,7 +38,7 @@ def check_fission(name: str, opset: int, g, prim) -> float:
 
 
 def timed_blp(prim, cands, costs, repeats: int, **kw):
-    from tensorplan.plan.blp import solve_blp
+    from tensorplan.korch.blp import solve_blp
     times, sel = [], None
     for _ in range(repeats):
         sel = solve_blp(prim, cands, costs, **kw)
@@ -49,10 +49,10 @@ def timed_blp(prim, cands, costs, repeats: int, **kw):
 def run_model(name: str, opset: int, caps: list[int], check: bool, repeats: int, time_limit: float) -> dict:
     from tensorplan.cost import AnalyticalCost, cost_many
     from tensorplan.devices import resolve
-    from tensorplan.graph import load_model
-    from tensorplan.graph.fission import fission
-    from tensorplan.plan.blp import greedy_fusion, no_fusion, recomputed_primitives
-    from tensorplan.plan.candidates import EnumerationStats, enumerate_candidates
+    from tensorplan.zoo.load import load_model
+    from tensorplan.korch.fission import fission
+    from tensorplan.korch.blp import greedy_fusion, no_fusion, recomputed_primitives
+    from tensorplan.korch.candidates import EnumerationStats, enumerate_candidates
 
     t0 = time.perf_counter()
     g = load_model(name, opset=opset)
@@ -99,7 +99,7 @@ def run_model(name: str, opset: int, caps: list[int], check: bool, repeats: int,
 
 
 def _default_models() -> str:
-    from tensorplan.graph import zoo
+    from tensorplan import zoo
     return ",".join(e.name for e in zoo.list_models())
 
 

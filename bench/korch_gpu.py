@@ -71,10 +71,11 @@ def bench_model(name: str, args, peaks: dict) -> dict:
 
     from tensorplan.cost.torch_device import TorchDeviceCost
     from tensorplan.devices import resolve
-    from tensorplan.graph import analysis, zoo
-    from tensorplan.graph.reference import rel_error
+    from tensorplan.ir import analysis
+    from tensorplan import zoo
+    from tensorplan.ir.reference import rel_error
     from tensorplan.measure.timer import interleaved
-    from tensorplan.plan.orchestrate import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.torch_runner import TorchPlanRunner
 
     res: dict = {"model": name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

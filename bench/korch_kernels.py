@@ -39,7 +39,7 @@ def med_time(fn, rounds: int) -> float:
 
 def mem_kernels():
     """(name, graph, bytes moved) for the bandwidth table."""
-    from tensorplan.graph.ir import Graph, Node, Tensor
+    from tensorplan.ir.graph import Graph, Node, Tensor
     out = []
     n = 64 * 1024 * 1024
 
@@ -102,8 +102,8 @@ def mem_kernels():
 def bench_schedules(rounds: int) -> list[dict]:
     import torch
 
-    from tensorplan.program.build import compile_kernel
-    from tensorplan.program.linear import make_kernel, random_inputs
+    from tensorplan.kernels.build import compile_kernel
+    from tensorplan.kernels.vendor import make_kernel, random_inputs
     rows = []
     for name, g, nbytes in mem_kernels():
         kd = compile_kernel(g, g.outputs, schedule={"name": "default"})
@@ -139,8 +139,8 @@ def bench_schedules(rounds: int) -> list[dict]:
 
 
 def bench_linear(budget: float) -> list[dict]:
-    from tensorplan.graph.ir import Graph, Node, Tensor
-    from tensorplan.program.linear import best_kernel
+    from tensorplan.ir.graph import Graph, Node, Tensor
+    from tensorplan.kernels.vendor import best_kernel
     rng = np.random.default_rng(0)
     cases = []
     for M, K, N in ((256, 768, 3072), (128, 768, 768), (1024, 1024, 1024)):
@@ -175,10 +175,10 @@ def bench_linear(budget: float) -> list[dict]:
 
 
 def bench_overhead(n: int = 200) -> dict:
-    from tensorplan.graph.ir import Graph, Node, Tensor
+    from tensorplan.ir.graph import Graph, Node, Tensor
     from tensorplan.measure.timer import measure
-    from tensorplan.plan.plan import Plan, PlanKernel, plan_buffers, topo_order
-    from tensorplan.program.linear import call_overheads
+    from tensorplan.runtime.plan import Plan, PlanKernel, plan_buffers, topo_order
+    from tensorplan.kernels.vendor import call_overheads
     from tensorplan.runtime.executor import PlanExecutor
     out = {"call_overhead_us": {k: v * 1e6 for k, v in call_overheads(2).items()}}
     for backend in ("tvm", "ort"):

@@ -38,11 +38,11 @@ def main() -> None:
     import torch
     from korch_bench import compile_runner, eager_runner, log, machine_info, ort_runner
 
-    from tensorplan.graph import zoo
-    from tensorplan.graph.reference import rel_error
+    from tensorplan import zoo
+    from tensorplan.ir.reference import rel_error
     from tensorplan.measure.timer import interleaved, pinned_threads
     from tensorplan.paths import cache_dir
-    from tensorplan.plan.plan import Plan
+    from tensorplan.runtime.plan import Plan
     from tensorplan.runtime.executor import PlanExecutor, ort_reference
 
     torch.set_num_threads(a.threads)

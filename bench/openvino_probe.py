@@ -7,7 +7,7 @@ ONNX files in both runtimes (2 threads, latency hint, fp32), interleaved as the 
 (`measure.timer.interleaved`: random order, 50 ms pauses, bursts), and checks their outputs agree.
 
 OpenVINO is pinned in pyproject.toml (openvino==2026.4.1; tensorplan uses it as a region backend since
-this probe, program/openvino_kernel.py):
+this probe, kernels/openvino.py):
 
     python bench/openvino_probe.py --models yolox-nano,efficientvit-b1   # -> bench/results/openvino_probe.json
 """
@@ -29,9 +29,9 @@ def main(models: str = typer.Option("yolox-nano,efficientvit-b1", help="Comma-se
     except ImportError:
         raise SystemExit("openvino is not installed: .venv/bin/pip install openvino==2026.4.1") from None
     from tensorplan.devices import resolve
-    from tensorplan.graph.load import load_model, resolve_model_path
-    from tensorplan.graph.reference import random_feeds, rel_error
-    from tensorplan.graph.to_onnx import ort_session
+    from tensorplan.zoo.load import load_model, resolve_model_path
+    from tensorplan.ir.reference import random_feeds, rel_error
+    from tensorplan.ir.to_onnx import ort_session
     from tensorplan.measure.timer import interleaved, pinned_threads
     import onnx
     core = ov.Core()

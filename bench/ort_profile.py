@@ -1,7 +1,7 @@
 """Where ONNX Runtime spends its time on a zoo model, per operator type and per node, before and
-after tensorplan's exact rewrites (graph/rewrite.py).
+after tensorplan's exact rewrites (rewrite/rules.py).
 
-Why: every rewrite rule in graph/rewrite.py started from this question (ORT's Softplus is a
+Why: every rewrite rule in rewrite/rules.py started from this question (ORT's Softplus is a
 scalar loop; it pads a 3-channel convolution output to 16 channels; SegFormer moves 128-channel
 tensors between token and image layout). It is also what says why a model stays far from the
 roofline bound: the share of convolution time that no regrouping of the graph removes.
@@ -44,10 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def profile(name: str, rewritten: bool, runs: int, threads: int, top: int) -> dict:
     import onnxruntime as ort
 
-    from tensorplan.graph import zoo
-    from tensorplan.graph.load import load_model
-    from tensorplan.graph.rewrite import rewrite
-    from tensorplan.graph.to_onnx import graph_to_onnx
+    from tensorplan import zoo
+    from tensorplan.zoo.load import load_model
+    from tensorplan.rewrite.rules import rewrite
+    from tensorplan.ir.to_onnx import graph_to_onnx
 
     g = load_model(name)
     applied = {}
@@ -124,7 +124,7 @@ def relu_for_activations(g):
     """Timing probe, not an equivalent graph: every SiLU (x * Sigmoid(x)) or HardSwish on a
     convolution's output becomes Relu, which ONNX Runtime fuses into the convolution at no cost.
     Returns (graph, {"silu": n, "hardswish": n})."""
-    from tensorplan.graph.ir import Node
+    from tensorplan.ir.graph import Node
     g = g.copy()
     prod = g.producers()
     n_swapped = {"silu": 0, "hardswish": 0}
@@ -204,10 +204,10 @@ def what_if(name: str, threads: int, rounds: int) -> dict:
 
     import onnxruntime as ort
 
-    from tensorplan.graph import zoo
-    from tensorplan.graph.load import load_model
-    from tensorplan.graph.rewrite import rewrite
-    from tensorplan.graph.to_onnx import graph_to_onnx, ort_session
+    from tensorplan import zoo
+    from tensorplan.zoo.load import load_model
+    from tensorplan.rewrite.rules import rewrite
+    from tensorplan.ir.to_onnx import graph_to_onnx, ort_session
     from tensorplan.measure.timer import interleaved
 
     g = rewrite(load_model(name)).graph

@@ -167,7 +167,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-ship-data-zen3-summary", [PY, "bench/cdmpp_ship_data.py", "--summary",
                                       "--out", "bench/results/cdmpp_ship_data_zen3.jsonl"], 0.1),
     # whole-network totals as the kernels' sum or times the validation mean measured / predicted
-    # (predict/totals.py): leave each network out with the factor measured, then the summary
+    # (cdmpp/totals.py): leave each network out with the factor measured, then the summary
     ("cdmpp-network-totals-0", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-hier,cdmpp-nocmd-parts",
                                 "--shard", "0/2", "--out", "bench/results/cdmpp_by_network_totals.jsonl"], 35),
     ("cdmpp-network-totals-1", [PY, "bench/cdmpp_by_network.py", "--models", "xgboost-hier,cdmpp-nocmd-parts",

@@ -22,7 +22,7 @@ import typer
 def _transformer(path: Path) -> str:
     import torch
 
-    from tensorplan.graph.from_torch import from_torch
+    from tensorplan.zoo.from_torch import from_torch
     torch.manual_seed(0)
     enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(128, 4, 256, batch_first=True), 2).eval()
     return str(from_torch(enc, (torch.randn(1, 64, 128),), name="encoder", path=path))
@@ -44,9 +44,9 @@ def main(rounds: int = typer.Option(15, help="Rounds per method."),
     import onnx
 
     from tensorplan.devices import resolve
-    from tensorplan.graph.load import load_model
-    from tensorplan.graph.reference import random_feeds
-    from tensorplan.graph.to_onnx import ort_session
+    from tensorplan.zoo.load import load_model
+    from tensorplan.ir.reference import random_feeds
+    from tensorplan.ir.to_onnx import ort_session
     from tensorplan.measure.timer import interleaved, pinned_threads
     import tempfile
     model = _transformer(Path(tempfile.mkdtemp()) / "encoder.onnx")

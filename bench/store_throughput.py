@@ -19,7 +19,8 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from tensorplan.devices import cpu_info, resolve
+from tensorplan.devices.detect import cpu_info
+from tensorplan.devices import resolve
 from tensorplan.measure.store import Store
 from tensorplan.measure.timer import Timing
 

@@ -153,7 +153,7 @@ def korch_section(kdir: Path) -> list[str]:
               f"a ~{rows[0]['burst_ms']:.0f} ms back-to-back burst, its median kept"
               if rows[0].get("burst_ms") else "") + "), 2 threads, medians over rounds in ms. "
            "`vs best` = best baseline / tensorplan (>1 means the plan is faster). `no-rewrite` is the plan "
-           "without the exact algebraic rewrites of `graph/rewrite.py` (raced like the plan); `no-regions` is "
+           "without the exact algebraic rewrites of `rewrite/rules.py` (raced like the plan); `no-regions` is "
            "the plan from Korch's kernels alone (no ONNX Runtime region candidates); `tvm-relax` is the untuned "
            "default build, timed separately. `ort-control` is a second, identical ONNX Runtime session "
            "timed like the others: its distance from `onnxruntime` is this run's noise floor. `ORT regions` = "
@@ -466,7 +466,7 @@ def openvino_section() -> list[str]:
     out += ["", f"OpenVINO is more than 5 % faster than ONNX Runtime on {len(faster)} of {len(d['rows'])} models here "
             f"(geomean {_geo([r['openvino_speedup'] for r in d['rows']]):.2f}×). It is not among the baselines the "
             "Korch issue names. tensorplan uses it as a region backend next to ONNX Runtime (Korch's minimum over "
-            "profilers: `MeasuredCost` times every region candidate in both, program/openvino_kernel.py), so the BLP "
+            "profilers: `MeasuredCost` times every region candidate in both, kernels/openvino.py), so the BLP "
             "takes it where it wins, and the finalists' race runs a one-session plan on both (workflows/race.py); "
             "models whose Korch results above predate the backend were planned without it (each model's JSON has "
             "its date). Where OpenVINO is slower than ONNX Runtime ("
@@ -565,7 +565,7 @@ def winograd_section() -> list[str]:
     out = ["## Winograd F(4x4, 3x3) from ONNX operators (opt-in)", "",
            "`python bench/winograd_probe.py` — ONNX Runtime on each model after the default rewrites, "
            "without and with every eligible 3x3 convolution as Winograd (`tensorplan orchestrate --winograd`; "
-           f"graph/rewrite.py), interleaved, {d['rounds']} rounds, {d['threads']} threads; the most frequent "
+           f"rewrite/rules.py), interleaved, {d['rounds']} rounds, {d['threads']} threads; the most frequent "
            "eligible convolution shape is also timed alone.", "",
            "| model | eligible convs | direct ms | Winograd ms | speedup | top conv alone (direct → Winograd ms) "
            "| max rel. error |", "|---|---:|---:|---:|---:|---|---:|"]

@@ -1,4 +1,4 @@
-"""Does Winograd F(4x4, 3x3) built from ONNX operators pay on this CPU? (graph/rewrite.py)
+"""Does Winograd F(4x4, 3x3) built from ONNX operators pay on this CPU? (rewrite/rules.py)
 
 For each model: ONNX Runtime (all optimisations, 2 threads) on the model after the default exact
 rewrites, and on the same graph with every eligible 3x3 convolution as Winograd
@@ -28,13 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def session(graph, threads: int):
-    from tensorplan.graph.to_onnx import ort_session
+    from tensorplan.ir.to_onnx import ort_session
     return ort_session(graph, threads=threads)
 
 
 def per_op(graph, feeds, threads: int) -> dict[str, float]:
     import onnx
-    from tensorplan.graph.to_onnx import graph_to_onnx
+    from tensorplan.ir.to_onnx import graph_to_onnx
     from tensorplan.workflows.demo import ort_per_op_profile
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.onnx"
@@ -43,9 +43,9 @@ def per_op(graph, feeds, threads: int) -> dict[str, float]:
 
 
 def probe(name: str, rounds: int, threads: int, burst_s: float) -> dict:
-    from tensorplan.graph import zoo
-    from tensorplan.graph.reference import random_feeds, rel_error
-    from tensorplan.graph.rewrite import rewrite, winograd_convs
+    from tensorplan import zoo
+    from tensorplan.ir.reference import random_feeds, rel_error
+    from tensorplan.rewrite.rules import rewrite, winograd_convs
     from tensorplan.measure.timer import interleaved, pinned_threads
 
     g = zoo.load(name)

@@ -54,7 +54,7 @@ def ort_vs_torch(name: str, model) -> tuple[float, float]:
     import onnxruntime as ort
     import torch
 
-    from tensorplan.graph import zoo
+    from tensorplan import zoo
 
     module, inputs = zoo.build_torch(name)
     with torch.no_grad():
@@ -76,7 +76,7 @@ def main() -> None:
     import onnx
     from rich.progress import Progress
 
-    from tensorplan.graph import zoo
+    from tensorplan import zoo
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default="", help="comma-separated zoo names (default: all)")

@@ -9,10 +9,9 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.predict.baselines import (RooflineLinear, TenSetMLP, TenSetXGB, TLPModel,  # noqa: E402
-                                          _trace_steps, program_bytes, store_stat_features, summed_features)
-from tensorplan.predict.cdmpp import CDMPP, Estimator, as_arrays, load_estimator  # noqa: E402
-from tensorplan.predict.tasks import TASK_IO_DIM  # noqa: E402
+from tensorplan.cdmpp.baselines import RooflineLinear, TenSetMLP, TenSetXGB, TLPModel, _trace_steps, program_bytes, store_stat_features, summed_features
+from tensorplan.cdmpp.model import CDMPP, Estimator, as_arrays, load_estimator  # noqa: E402
+from tensorplan.cdmpp.tasks import TASK_IO_DIM  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 FAST = {
@@ -104,7 +103,7 @@ def test_tlp_encodes_each_trace_once(cdmpp_small, monkeypatch):
 
 def test_task_io_from_script_and_tlp_task_row(cdmpp_small):
     """Same trace, different kernel sizes: only the task row tells TLP apart (elementwise traces)."""
-    from tensorplan.predict.tasks import TASK_IO_DIM, buffer_shapes, task_io_vector
+    from tensorplan.cdmpp.tasks import TASK_IO_DIM, buffer_shapes, task_io_vector
 
     ds = cdmpp_small["ds"]
     script = ds.tasks["script"].iloc[0]
@@ -128,7 +127,7 @@ def test_task_io_from_script_and_tlp_task_row(cdmpp_small):
 def test_task_io_of_a_parsed_program_matches_its_script(cdmpp_small):
     """What the planner and `predict` compute from an in-memory kernel equals what the dataset read
     from the task's TVMScript signature."""
-    from tensorplan.predict.tasks import task_from_script, task_io_of, task_io_vector
+    from tensorplan.cdmpp.tasks import task_from_script, task_io_of, task_io_vector
 
     tasks = cdmpp_small["ds"].tasks.head(5)
     for _, t in tasks.iterrows():
@@ -143,7 +142,7 @@ def test_xgboost_hierarchy_options(cdmpp_small, tmp_path):
     the training split and kept through save/load."""
     import xgboost as xgb
 
-    from tensorplan.predict.cdmpp import fit_cache_ratio, hierarchy_parts, hierarchy_seconds
+    from tensorplan.cdmpp.model import fit_cache_ratio, hierarchy_parts, hierarchy_seconds
 
     tr, te = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
     m = TenSetXGB(n_rounds=60, parts=True, base="hierarchy").fit(tr)
@@ -167,7 +166,7 @@ def test_xgboost_deep_reads_max_and_last_store_rows(cdmpp_small, tmp_path):
     """stats=("sum","max","last") adds, per program, the element-wise max over its stores and its
     last store's row (the output store) after the sums; `xgboost-deep` is xgboost-hier with them,
     and the option survives save/load."""
-    from tensorplan.predict.evaluate import make_model
+    from tensorplan.cdmpp.evaluate import make_model
 
     te = as_arrays(cdmpp_small["test"])
     plain = TenSetXGB(n_rounds=20, parts=True, base="hierarchy").fit(as_arrays(cdmpp_small["train"]))
@@ -218,8 +217,8 @@ def test_train_a_hierarchy_xgboost_and_predict_a_network_with_it(cdmpp_small, tm
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    from tensorplan.predict.cdmpp import train
-    from tensorplan.predict.network import predict_network
+    from tensorplan.cdmpp.model import train
+    from tensorplan.cdmpp.predict import predict_network
 
     model, info = train(cdmpp_small["ds"], out=tmp_path / "xh.pt", max_cov=0.25,
                         make=lambda s: TenSetXGB(n_rounds=40, parts=True, base="hierarchy", seed=s))

@@ -10,11 +10,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tensorplan.errors import PlanError
-from tensorplan.graph.fission import fission
-from tensorplan.graph.onnx_import import import_onnx
-from tensorplan.plan.blp import (check_selection, greedy_fusion, no_fusion, recomputed_primitives,
-                                 solve_blp)
-from tensorplan.plan.candidates import enumerate_candidates
+from tensorplan.korch.fission import fission
+from tensorplan.ir.onnx_import import import_onnx
+from tensorplan.korch.blp import check_selection, greedy_fusion, no_fusion, recomputed_primitives, solve_blp
+from tensorplan.korch.candidates import enumerate_candidates
 
 
 def _prim(nodes, inputs, outputs, inits=None):
@@ -114,7 +113,7 @@ def test_baselines_are_valid_and_never_beat_the_blp():
 
 
 def test_zoo_instance_cuts_keep_the_optimum():
-    zoo = pytest.importorskip("tensorplan.graph.zoo")
+    zoo = pytest.importorskip("tensorplan.zoo")
     from tensorplan.cost import AnalyticalCost, cost_many
     from tensorplan.devices.spec import DeviceSpec  # noqa: F401  (the interface AnalyticalCost reads)
 
@@ -170,7 +169,7 @@ def test_time_out_without_incumbent_falls_back_to_a_verified_greedy_plan(monkeyp
     import scipy.optimize
     from scipy.optimize import OptimizeResult
 
-    import tensorplan.plan.blp as blp
+    import tensorplan.korch.blp as blp
 
     prim = diamond()
     cands = enumerate_candidates(prim, max_nodes=4)
@@ -192,7 +191,7 @@ def test_time_out_keeps_greedy_when_it_beats_the_incumbent(monkeypatch):
     import scipy.optimize
     from scipy.optimize import OptimizeResult
 
-    import tensorplan.plan.blp as blp
+    import tensorplan.korch.blp as blp
 
     prim = diamond()
     cands = enumerate_candidates(prim, max_nodes=4)

@@ -1,4 +1,4 @@
-"""Few-shot calibration (predict/calibrate.py) on real records: 2-thread model -> 1-thread device."""
+"""Few-shot calibration (cdmpp/calibrate.py) on real records: 2-thread model -> 1-thread device."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,10 +7,10 @@ import pytest
 pytest.importorskip("xgboost")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.predict.baselines import TenSetXGB  # noqa: E402
-from tensorplan.predict.calibrate import Calibrated, correction_inputs  # noqa: E402
-from tensorplan.predict.cdmpp import as_arrays, load_estimator, regression_metrics  # noqa: E402
-from tensorplan.predict.finetune import few_shot_split  # noqa: E402
+from tensorplan.cdmpp.baselines import TenSetXGB  # noqa: E402
+from tensorplan.cdmpp.calibrate import Calibrated, correction_inputs  # noqa: E402
+from tensorplan.cdmpp.model import as_arrays, load_estimator, regression_metrics  # noqa: E402
+from tensorplan.cdmpp.finetune import few_shot_split  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 
@@ -62,7 +62,7 @@ def test_finetune_calibrate_then_predict_with_it(cdmpp_small, tmp_path):
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    from tensorplan.predict.finetune import finetune_device
+    from tensorplan.cdmpp.finetune import finetune_device
 
     info = finetune_device("local-1t", data=cdmpp_small["ds"], n_tasks=3, per_task=4, adapt="calibrate",
                            max_cov=0.25, out=tmp_path / "cal.pt")
@@ -82,10 +82,10 @@ def test_held_out_check_declines_on_a_learnt_cpu_and_installs_on_a_new_one(domai
     on the collection CPU, which the shipped model learnt, the correction loses on tasks it was not
     fitted on (it made the predict check worse there); on the 16-core Xeon it never learnt, it wins.
     Either way the decision matches what the correction does to every other task of the domain."""
-    from tensorplan.predict.cdmpp import device_features, load_shipped
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.finetune import programs_of_tasks, select_tasks_kmeans
-    from tensorplan.predict.local_calibration import held_out_check
+    from tensorplan.cdmpp.model import device_features, load_shipped
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.finetune import programs_of_tasks, select_tasks_kmeans
+    from tensorplan.cdmpp.local_calibration import held_out_check
 
     ds = load_dataset(None).filter_stable(max_cov=0.01, metric="mad")
     est = load_shipped()

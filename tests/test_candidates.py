@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tensorplan.graph.fission import category, fission
-from tensorplan.graph.onnx_import import import_onnx
-from tensorplan.graph.reference import random_feeds, rel_error, run_reference
-from tensorplan.plan.candidates import EnumerationStats, canonical_hash, enumerate_candidates
+from tensorplan.korch.fission import category, fission
+from tensorplan.ir.onnx_import import import_onnx
+from tensorplan.ir.reference import random_feeds, rel_error, run_reference
+from tensorplan.korch.candidates import EnumerationStats, canonical_hash, enumerate_candidates
 
 
 def _prim(nodes, inputs, outputs, inits=None, opset=17):
@@ -182,7 +182,7 @@ def test_candidate_graph_runs_standalone_and_matches_the_whole_graph():
 
 
 def test_zoo_model_counts_and_blowup_control():
-    zoo = pytest.importorskip("tensorplan.graph.zoo")
+    zoo = pytest.importorskip("tensorplan.zoo")
     prim = fission(zoo.load("tiny-attention")).graph
     st = EnumerationStats()
     cands = enumerate_candidates(prim, max_nodes=8, stats=st)

@@ -7,8 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.predict.cdmpp import (CDMPP, FeatureScaler, ProgramArrays, TargetTransform,  # noqa: E402
-                                      as_arrays, cmd)
+from tensorplan.cdmpp.model import CDMPP, FeatureScaler, ProgramArrays, TargetTransform, as_arrays, cmd
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 
@@ -166,10 +165,10 @@ def test_cdmpp_cost_for_planner(small, base):
     """CDMPPCost implements the planner's KernelCost protocol on real fused candidates (also for a
     roofline-relative model, which needs each kernel's FLOPs and output size)."""
     from tensorplan.cost import AnalyticalCost, KernelCost
-    from tensorplan.graph import zoo
-    from tensorplan.graph.fission import fission
-    from tensorplan.plan.candidates import enumerate_candidates
-    from tensorplan.predict.cdmpp import CDMPPCost
+    from tensorplan import zoo
+    from tensorplan.korch.fission import fission
+    from tensorplan.korch.candidates import enumerate_candidates
+    from tensorplan.cdmpp.model import CDMPPCost
 
     m = CDMPP(epochs=2, batch_size=64, seed=0, base=base).fit(as_arrays(small["train"]))
     prim = fission(zoo.load("tiny-mlp")).graph
@@ -197,7 +196,7 @@ def test_weights_from_another_network_shape_fail_clearly(small, tmp_path):
 
 def test_roofline_seconds_takes_the_larger_byte_count(small):
     """The bound uses the task's buffer sizes where region analysis under-reports the bytes."""
-    from tensorplan.predict.cdmpp import device_peak_bw, program_bytes, roofline_seconds
+    from tensorplan.cdmpp.model import device_peak_bw, program_bytes, roofline_seconds
 
     arr = as_arrays(small["train"])
     assert arr.task_io is not None and arr.flops is not None
@@ -216,7 +215,7 @@ def test_roofline_seconds_takes_the_larger_byte_count(small):
 def test_roofline_base_predicts_an_efficiency_factor(small, tmp_path):
     """base="roofline": the net's output times the program's bound on its device is the prediction;
     the option survives save/load and bad values fail clearly."""
-    from tensorplan.predict.cdmpp import load_estimator, roofline_seconds
+    from tensorplan.cdmpp.model import load_estimator, roofline_seconds
 
     tr, te = as_arrays(small["train"]), as_arrays(small["test"])
     m = CDMPP(epochs=30, batch_size=64, seed=0, base="roofline").fit(tr)
@@ -244,9 +243,9 @@ def test_task_io_input_needs_the_task_sizes(small):
 def test_footprint_counts_a_slice_without_reuse_whole():
     """EfficientViT's strided_slice -> pad kernel writes 1.1 MB; Ansor's unique_bytes sees ~1 KB of it
     (taken at the innermost loop for an access without reuse), the footprint sees all of it."""
-    from tensorplan.predict.cdmpp import program_bytes, program_footprint_traffic
-    from tensorplan.predict.dataset import load_dataset, replay_trace, task_module
-    from tensorplan.predict.features import compact_ast
+    from tensorplan.cdmpp.model import program_bytes, program_footprint_traffic
+    from tensorplan.cdmpp.dataset import load_dataset, replay_trace, task_module
+    from tensorplan.cdmpp.features import compact_ast
 
     ds = load_dataset(None)
     key = "aca4b0a70db7dd6b"
@@ -266,8 +265,7 @@ def test_footprint_counts_a_slice_without_reuse_whole():
 def test_hierarchy_base_fits_its_cache_ratio_on_training_data(small, tmp_path):
     """base="hierarchy": the target is latency / (compute + footprint + traffic / ratio), with the
     ratio fitted on the training records; it survives save/load."""
-    from tensorplan.predict.cdmpp import (fit_cache_ratio, hierarchy_parts, hierarchy_seconds,
-                                          load_estimator)
+    from tensorplan.cdmpp.model import fit_cache_ratio, hierarchy_parts, hierarchy_seconds, load_estimator
 
     tr, te = as_arrays(small["train"]), as_arrays(small["test"])
     parts = hierarchy_parts(tr)
@@ -289,9 +287,8 @@ def test_hierarchy_estimate_tracks_latency_across_tasks_better_than_the_roofline
     """On all stable records of the collection CPU (one thread), per-task log(latency / estimate)
     spreads less with the fitted hierarchy estimate than with the roofline bound, and far less than
     the latency itself: what makes it a better base for a relative target."""
-    from tensorplan.predict.cdmpp import (TaskSpread, fit_cache_ratio, hierarchy_parts, hierarchy_seconds,
-                                          roofline_seconds)
-    from tensorplan.predict.dataset import load_dataset
+    from tensorplan.cdmpp.model import TaskSpread, fit_cache_ratio, hierarchy_parts, hierarchy_seconds, roofline_seconds
+    from tensorplan.cdmpp.dataset import load_dataset
 
     ds = load_dataset(None).only_devices(["local-1t"]).filter_stable(0.01, metric="mad")
     arr = as_arrays(ds)
@@ -307,7 +304,7 @@ def test_hierarchy_estimate_tracks_latency_across_tasks_better_than_the_roofline
 def test_loading_a_file_that_is_not_a_model_is_one_clear_error(tmp_path):
     import torch
 
-    from tensorplan.predict.cdmpp import load_estimator
+    from tensorplan.cdmpp.model import load_estimator
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"junk" * 100)
     with pytest.raises(TensorplanError, match="junk.pt' is not a readable tensorplan model file.*tensorplan train"):
@@ -323,7 +320,7 @@ def test_loading_a_file_that_is_not_a_model_is_one_clear_error(tmp_path):
 def test_parts_input_feeds_standardised_log_hierarchy_parts(small, tmp_path):
     """parts_input=True: the net reads the program's log compute / footprint / traffic seconds,
     standardised with the training split's mean and std, and the normaliser survives save/load."""
-    from tensorplan.predict.cdmpp import hierarchy_parts, load_estimator
+    from tensorplan.cdmpp.model import hierarchy_parts, load_estimator
 
     tr, te = as_arrays(small["train"]), as_arrays(small["test"])
     m = CDMPP(epochs=10, batch_size=64, seed=0, parts_input=True).fit(tr)
@@ -369,7 +366,7 @@ def test_rank_loss_orders_schedules_within_a_task_only(small):
     """The pairwise term is small when each task's schedules are predicted in their measured order,
     large when reversed, blind to pairs across tasks and to near-ties; and training on it alone
     raises the within-task rank correlation on real measured programs."""
-    from tensorplan.predict.cdmpp import within_task_spearman
+    from tensorplan.cdmpp.model import within_task_spearman
 
     arr = as_arrays(small["train"])
     m = CDMPP(epochs=1, batch_size=64, seed=0, w_rank=1.0).fit(arr)
@@ -406,7 +403,7 @@ def test_rank_loss_orders_schedules_within_a_task_only(small):
 
 
 def test_fit_with_rank_term_trains_saves_and_loads(small, tmp_path):
-    from tensorplan.predict.cdmpp import load_estimator
+    from tensorplan.cdmpp.model import load_estimator
 
     tr, te = as_arrays(small["train"]), as_arrays(small["test"])
     m = CDMPP(epochs=3, batch_size=64, seed=0, w_rank=0.5, rank_group=4).fit(tr)

@@ -14,7 +14,7 @@ import pytest
 
 @functools.lru_cache(maxsize=1)
 def _load_small(n_tasks: int = 12, per_task: int = 16):
-    from tensorplan.predict.dataset import default_data_dir, load_dataset
+    from tensorplan.cdmpp.dataset import default_data_dir, load_dataset
 
     d = Path(os.environ.get("TENSORPLAN_CDMPP_DATA") or default_data_dir())
     if not (d / "records.parquet").exists():

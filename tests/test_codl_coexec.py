@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from tensorplan.predict.linear import OpShape
-from tensorplan.runtime.coexecutor import CoexecJob, ProcessPair, memory_overhead, reference_output
+from tensorplan.codl.predictor import OpShape
+from tensorplan.codl.coexecutor import CoexecJob, ProcessPair, memory_overhead, reference_output
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +75,9 @@ def test_components_and_memory_overhead(pair):
 
 def test_whole_model_runs_and_matches_ort(pair):
     """RetinaFace end to end: planned segments co-executed, Concat/Reshape/… on the CPU alone."""
-    from tensorplan.graph import load_model
-    from tensorplan.plan.coexec import chain_links, extract_ops, plan_ops
-    from tensorplan.runtime.coexecutor import fit_local_cost, model_steps, run_model
+    from tensorplan.zoo.load import load_model
+    from tensorplan.codl.partition import chain_links, extract_ops, plan_ops
+    from tensorplan.codl.coexecutor import fit_local_cost, model_steps, run_model
 
     graph = load_model("retinaface")
     ops = extract_ops(graph)
@@ -96,7 +96,7 @@ def test_cuda_coexec_exact():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from tensorplan.runtime.coexecutor import CudaCoexecutor
+    from tensorplan.codl.coexecutor import CudaCoexecutor
 
     ex = CudaCoexecutor()
     for ops, dim, r in [([OpShape("conv", 33, 20, 8, 16, 3, 1, 1, 1, 1, 1)], "H", 0.5),

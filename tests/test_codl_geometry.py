@@ -2,9 +2,8 @@
 import pytest
 
 from tensorplan.errors import PlanError
-from tensorplan.plan.coexec import (chain_rows, codl_input_height_ok, gpu_rows, h_split, halo_rows, input_rows,
-                                    oc_split, split)
-from tensorplan.predict.linear import OpShape
+from tensorplan.codl.partition import chain_rows, codl_input_height_ok, gpu_rows, h_split, halo_rows, input_rows, oc_split, split
+from tensorplan.codl.predictor import OpShape
 
 
 @pytest.mark.parametrize("k,s", [(1, 1), (3, 1), (3, 2), (5, 1), (5, 2), (7, 1), (7, 2)])

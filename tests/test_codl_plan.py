@@ -1,9 +1,9 @@
 """Planner: per-op grid, greedy chains vs exhaustive oracle and DP, on real zoo graphs."""
 import pytest
 
-from tensorplan.plan.coexec import CoexecCost, chain_links, extract_ops, plan_ops, regret
-from tensorplan.predict.linear import OpShape
-from tensorplan.runtime.simulate import calibrate, sharing_model
+from tensorplan.codl.partition import CoexecCost, chain_links, extract_ops, plan_ops, regret
+from tensorplan.codl.predictor import OpShape
+from tensorplan.codl.simulate import calibrate, sharing_model
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_chain_cost_charges_head_and_tail(cost):
 
 
 def test_plan_real_graph_yolov2(cost):
-    from tensorplan.graph import load_model
+    from tensorplan.zoo.load import load_model
 
     g = load_model("yolov2")
     ops = extract_ops(g)

@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorplan.predict import linear as L
-from tensorplan.predict.codl_data import PartKernel, load_compact, map_in, trans_in, trans_out
-from tensorplan.predict.linear import KernelSample, OpShape
+from tensorplan.codl import predictor as L
+from tensorplan.codl.data import PartKernel, load_compact, map_in, trans_in, trans_out
+from tensorplan.codl.predictor import KernelSample, OpShape
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "codl"
 
@@ -38,7 +38,7 @@ def test_units_staircase_and_mace_examples():
     # reference §1.8 worked examples (SD855 constants, 4 threads)
     op = OpShape("conv", 104, 104, 64, 128, 3, 1, 1, 1, 1, 1)
     assert L.mace_gpu_units(op, 2, 64, 1024, 131072)["gpu_direct_k3"] == 9152
-    from tensorplan.plan.coexec import h_split
+    from tensorplan.codl.partition import h_split
 
     half = h_split(op, 0.5)
     assert L.mace_cpu_units(half.cpu, 4) == {"wino6_tr_in": 2592, "wino6_gemm": 86016, "wino6_tr_out": 5184}

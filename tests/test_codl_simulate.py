@@ -1,8 +1,8 @@
 """SoC simulator: determinism per seed, calibration anchors, system ordering."""
 import pytest
 
-from tensorplan.graph import load_model
-from tensorplan.runtime.simulate import SYSTEMS, calibrate, simulate
+from tensorplan.zoo.load import load_model
+from tensorplan.codl.simulate import SYSTEMS, calibrate, simulate
 
 
 @pytest.fixture(scope="module")

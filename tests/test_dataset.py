@@ -11,9 +11,9 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 
-from tensorplan.predict import dataset as D  # noqa: E402
-from tensorplan.predict import features as F  # noqa: E402
-from tensorplan.predict import tasks as T  # noqa: E402
+from tensorplan.cdmpp import dataset as D  # noqa: E402
+from tensorplan.cdmpp import features as F  # noqa: E402
+from tensorplan.cdmpp import tasks as T  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def _collect_in_fresh_process(store, **kw) -> dict:
     runtime pool size is fixed by the first kernel run in a process, and other tests in this worker
     may already have run kernels with a 1-thread pool."""
     args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
-    code = ("import json; from tensorplan.predict import dataset as D; "
+    code = ("import json; from tensorplan.cdmpp import dataset as D; "
             f"st = D.collect(['tiny-mlp'], store={str(store)!r}, {args}, progress=False, log=lambda s: None); "
             "print(json.dumps(st.to_dict()))")
     return json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
@@ -212,7 +212,7 @@ def test_two_thread_domain_really_uses_two_threads(tmp_path):
     code = r"""
 import threading, numpy as np, tvm, tvm_ffi
 from tvm.script import tirx as T
-from tensorplan.predict import dataset as D
+from tensorplan.cdmpp import dataset as D
 D.init_pool(2)
 ids = set()
 def record(i):
@@ -300,15 +300,15 @@ def test_measure_device_merges_a_new_domain(tmp_path):
     """Dataset programs re-timed on this machine become new domains <prefix>-Nt with their own
     recorded spec; the run resumes; merging twice does not duplicate; features come from the record."""
     import shutil
-    from tensorplan.devices import DeviceSpec
-    from tensorplan.predict.cdmpp import as_arrays, device_features
+    from tensorplan.devices.spec import DeviceSpec
+    from tensorplan.cdmpp.model import as_arrays, device_features
     src = D.default_data_dir()
     if not (src / "records.parquet").exists():
         pytest.skip("committed dataset not available")
     data = tmp_path / "data"
     shutil.copytree(src, data)
     store = tmp_path / "dev.sqlite"
-    code = ("import json, sys; from tensorplan.predict import dataset as D; "
+    code = ("import json, sys; from tensorplan.cdmpp import dataset as D; "
             f"st = D.measure_device('testcpu', data={str(data)!r}, store=sys.argv[3], programs_per_task=1, "
             "budget_minutes=float(sys.argv[2]), progress=False, workers=int(sys.argv[1]), log=lambda s: None); "
             "print(json.dumps(st.to_dict()))")
@@ -374,7 +374,7 @@ def test_merge_gpu_adds_a_second_gpu_of_the_same_programs(tmp_path):
     from tensorplan.devices.catalog import lookup
     from tensorplan.measure.store import Store
     from tensorplan.measure.timer import Timing
-    from tensorplan.predict.gpu_dataset import read_programs
+    from tensorplan.cdmpp.gpu_dataset import read_programs
     src = D.default_data_dir().parent / "cdmpp-h100"
     if not (src / "records.parquet").exists():
         pytest.skip("committed GPU dataset not available")

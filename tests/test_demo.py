@@ -43,14 +43,14 @@ def test_demo_plan_runs_and_agrees(tmp_path, monkeypatch):
 
 
 def test_demo_without_a_torch_module_says_why(tmp_path, monkeypatch):
-    from tensorplan.graph import zoo
+    from tensorplan import zoo
     monkeypatch.setenv("TENSORPLAN_STORE", str(tmp_path / "store.sqlite"))
     onnx_file = str(zoo.export("tiny-mlp"))
     p = run_demo(onnx_file, threads=1, save_plan=str(tmp_path / "out" / "mlp.plan.json")).plan
     assert p["agree"] and "torch.compile" not in p["rounds_ms"]
     assert "ONNX file" in p["torch_compile"]["skipped"]
     # the saved plan is the one that ran, and `tensorplan export` takes it
-    from tensorplan.plan.plan import Plan
+    from tensorplan.runtime.plan import Plan
     from tensorplan.workflows.export import export_onnx
     plan = Plan.load(p["saved"])
     assert len(plan.kernels) == p["kernels"] and plan.source["model"] == onnx_file

@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorplan.devices import (CATALOG, FEATURE_NAMES, DeviceSpec, cpu_info, local_cpu, local_gpu,
-                                match_gpu_name, measure_bandwidth, measure_matmul, resolve)
+from tensorplan.devices.catalog import CATALOG, match_gpu_name
+from tensorplan.devices.spec import FEATURE_NAMES, DeviceSpec
+from tensorplan.devices.detect import cpu_info, local_cpu, local_gpu, measure_bandwidth, measure_matmul
+from tensorplan.devices import resolve
 from tensorplan.errors import TensorplanError
 
 REQUIRED = ["t4", "v100", "a100", "h100", "h200", "rtx4090", "xeon-8380", "epyc-7763", "epyc-9654",

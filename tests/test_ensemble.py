@@ -1,4 +1,4 @@
-"""Ensembles of seeded latency models (predict/ensemble.py) on a slice of the real dataset."""
+"""Ensembles of seeded latency models (cdmpp/ensemble.py) on a slice of the real dataset."""
 from __future__ import annotations
 
 import copy
@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.predict.baselines import TenSetXGB  # noqa: E402
-from tensorplan.predict.cdmpp import CDMPP, as_arrays, load_estimator  # noqa: E402
-from tensorplan.predict.ensemble import Ensemble  # noqa: E402
-from tensorplan.predict.evaluate import make_model  # noqa: E402
+from tensorplan.cdmpp.baselines import TenSetXGB  # noqa: E402
+from tensorplan.cdmpp.model import CDMPP, as_arrays, load_estimator  # noqa: E402
+from tensorplan.cdmpp.ensemble import Ensemble  # noqa: E402
+from tensorplan.cdmpp.evaluate import make_model  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 
@@ -98,8 +98,8 @@ def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    from tensorplan.predict.cdmpp import train
-    from tensorplan.predict.network import predict_network
+    from tensorplan.cdmpp.model import train
+    from tensorplan.cdmpp.predict import predict_network
 
     model, info = train(cdmpp_small["ds"], out=tmp_path / "ens.pt", members=2, epochs=2, batch_size=64,
                         max_cov=0.25)
@@ -121,7 +121,7 @@ def test_shipped_weights_load_in_a_fresh_process():
     import subprocess
     import sys
 
-    code = ("from tensorplan.predict.cdmpp import load_shipped; m = load_shipped(); "
+    code = ("from tensorplan.cdmpp.model import load_shipped; m = load_shipped(); "
             "print(type(m).__name__, len(getattr(m, 'members', [m])))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -131,8 +131,8 @@ def test_shipped_weights_load_in_a_fresh_process():
 
 def test_finetune_device_adapts_the_shipped_model(cdmpp_small, tmp_path):
     """`tensorplan finetune --device` on the packaged weights (an ensemble of CDMPPs, or one CDMPP)."""
-    from tensorplan.predict.cdmpp import load_shipped
-    from tensorplan.predict.finetune import finetune_device
+    from tensorplan.cdmpp.model import load_shipped
+    from tensorplan.cdmpp.finetune import finetune_device
 
     shipped = load_shipped()
     info = finetune_device("local-1t", data=cdmpp_small["ds"], n_tasks=3, per_task=4, steps=5, max_cov=0.25,
@@ -148,7 +148,7 @@ def test_finetune_device_adapts_the_shipped_model(cdmpp_small, tmp_path):
 def test_members_trained_side_by_side_equal_those_trained_in_turn(cdmpp_small):
     """`train(members=2, workers=2)` fits the two CDMPPs in two processes at once: each comes back
     with its history and predicts exactly what the same seed predicts when the members train in turn."""
-    from tensorplan.predict.cdmpp import train
+    from tensorplan.cdmpp.model import train
 
     kw = dict(members=2, epochs=2, batch_size=64, max_cov=0.25)
     serial, a = train(cdmpp_small["ds"], workers=1, **kw)

@@ -8,10 +8,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tensorplan.predict.cdmpp import as_arrays, regression_metrics, within_task_spearman  # noqa: E402
-from tensorplan.predict.evaluate import evaluate, render_markdown, write_doc  # noqa: E402
-from tensorplan.predict.finetune import (few_shot_split, select_tasks_kmeans, select_tasks_random,  # noqa: E402
-                                         selection_cmd)
+from tensorplan.cdmpp.model import as_arrays, regression_metrics, within_task_spearman  # noqa: E402
+from tensorplan.cdmpp.evaluate import evaluate, render_markdown, write_doc  # noqa: E402
+from tensorplan.cdmpp.finetune import few_shot_split, select_tasks_kmeans, select_tasks_random, selection_cmd
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 
@@ -112,7 +111,7 @@ def test_cli_predict_with_shipped_model():
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    from tensorplan.predict.cdmpp import SHIPPED_MODEL
+    from tensorplan.cdmpp.model import SHIPPED_MODEL
 
     assert SHIPPED_MODEL.exists() and SHIPPED_MODEL.stat().st_size < 20e6
     assert SHIPPED_MODEL.with_suffix(".norm.json").exists()
@@ -130,8 +129,8 @@ def test_device_split_takes_several_source_domains():
     """CDMPP's cross-device recipe: pre-train on every other device, then few-shot on the target.
     Real records of three domains (two Zen 5 thread counts as sources, the Zen 4 CPU as target)."""
     from tensorplan.errors import TensorplanError
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.evaluate import device_split
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.evaluate import device_split
 
     ds = load_dataset().filter_stable(0.01)
     r = ds.records
@@ -181,7 +180,7 @@ def test_evaluate_keeps_only_the_named_leaf_counts(cdmpp_small):
 def test_errors_by_leaf_count_split_the_test_set():
     """`by_leaves`: per leaf count, the error of that count's programs only (here 10% off on one
     count, exact on the others)."""
-    from tensorplan.predict.evaluate import _by_leaf_count
+    from tensorplan.cdmpp.evaluate import _by_leaf_count
 
     class Arr:   # the two fields _by_leaf_count reads
         n_leaves = np.array([5] * 60 + [3] * 70 + [9] * 10)
@@ -281,7 +280,7 @@ def test_network_latency_three_picks_and_regret(cdmpp_small):
     oracle; a model that shrinks the within-task spread over-predicts the label-chosen fastest
     programs (the selection bias the label-free picks avoid); a rank-reversing model picks the
     slowest programs and its regret is exactly their measured excess."""
-    from tensorplan.predict.evaluate import EvalData, _network_errors, network_error
+    from tensorplan.cdmpp.evaluate import EvalData, _network_errors, network_error
 
     ds = _two_networks(cdmpp_small["ds"])
     data = EvalData(ds)
@@ -341,7 +340,7 @@ def test_network_latency_three_picks_and_regret(cdmpp_small):
 
 def test_machines_text_names_each_machine_with_the_models_it_scored():
     """A document resumed on another CPU says which models (and timings) came from which machine."""
-    from tensorplan.predict.evaluate import _machines_text
+    from tensorplan.cdmpp.evaluate import _machines_text
     a = {"cpu": "AMD EPYC", "cpus": 2, "torch": "2.13.0+cpu"}
     b = {"cpu": "Intel Xeon", "cpus": 2, "torch": "2.13.0+cpu"}
     one = {"machine": a, "runs": [{"machine": a, "models": ["xgboost"]}, {"machine": a, "models": ["mlp"]}]}

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tvm")
 pytest.importorskip("onnxruntime")
 
-from tensorplan.graph.ir import Graph, Node, Tensor  # noqa: E402
-from tensorplan.plan import orchestrate  # noqa: E402
-from tensorplan.plan.plan import Plan, PlanKernel, plan_buffers, topo_order  # noqa: E402
+from tensorplan.ir.graph import Graph, Node, Tensor  # noqa: E402
+from tensorplan.workflows import orchestrate  # noqa: E402
+from tensorplan.runtime.plan import Plan, PlanKernel, plan_buffers, topo_order  # noqa: E402
 from tensorplan.runtime.executor import PlanExecutor, run_plan  # noqa: E402
 
 
@@ -30,10 +30,10 @@ def test_plan_of_tiny_zoo_model_matches_ort(model):
 
 def test_measured_plan_runs_resumes_and_records_backends(tmp_path):
     from tensorplan.cost.measured import MeasuredCost
-    from tensorplan.graph.fission import fission
-    from tensorplan.graph.load import load_model
+    from tensorplan.korch.fission import fission
+    from tensorplan.zoo.load import load_model
     from tensorplan.measure.store import Store
-    from tensorplan.plan.candidates import enumerate_candidates
+    from tensorplan.korch.candidates import enumerate_candidates
     store = Store(tmp_path / "s.sqlite")
     # a "killed" profiling job: only part of the candidates measured
     prim = fission(load_model("tiny-cnn")).graph
@@ -124,9 +124,9 @@ def test_fp16_model_is_checked_at_fp16_precision(tmp_path):
     """A half-precision model: its outputs differ from ONNX Runtime's by rounding (~5e-4), above the fp32
     bar of 1e-4, which rejects it; the check uses 8 fp16 epsilons (7.8e-3)."""
     import torch
-    from tensorplan.graph.from_torch import from_torch
-    from tensorplan.graph.load import load_model
-    from tensorplan.graph.reference import default_tolerance
+    from tensorplan.zoo.from_torch import from_torch
+    from tensorplan.zoo.load import load_model
+    from tensorplan.ir.reference import default_tolerance
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),

@@ -11,7 +11,7 @@ from tvm import s_tir, te  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.predict import features as F  # noqa: E402
+from tensorplan.cdmpp import features as F  # noqa: E402
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 

@@ -8,10 +8,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tensorplan.graph.fission import CATEGORY, category, fission, reduce_axes
-from tensorplan.graph.onnx_import import import_onnx
-from tensorplan.graph.reference import rel_error, run_reference
-from tensorplan.graph.to_onnx import graph_to_onnx
+from tensorplan.korch.fission import CATEGORY, category, fission, reduce_axes
+from tensorplan.ir.onnx_import import import_onnx
+from tensorplan.ir.reference import rel_error, run_reference
+from tensorplan.ir.to_onnx import graph_to_onnx
 
 TOL = 1e-4
 
@@ -160,7 +160,7 @@ def test_hardswish_hardsigmoid_mish():
 
 def test_swish_vs_numpy():
     """Swish is opset 24, beyond the importer and ORT here: build the IR directly, compare to numpy."""
-    from tensorplan.graph.ir import Graph, Node, Tensor
+    from tensorplan.ir.graph import Graph, Node, Tensor
     g = Graph("swish", opset=21)
     g.add_tensor(Tensor("x", (3, 8)))
     g.add_tensor(Tensor("y", (3, 8)))
@@ -321,9 +321,9 @@ def test_reduce_axes_reads_both_forms():
 # -- whole models -------------------------------------------------------------------------------
 
 def _zoo_check(name: str, opset: int = 17):
-    zoo = pytest.importorskip("tensorplan.graph.zoo")
-    from tensorplan.graph import load_model
-    from tensorplan.graph.reference import random_feeds
+    zoo = pytest.importorskip("tensorplan.zoo")
+    from tensorplan.zoo.load import load_model
+    from tensorplan.ir.reference import random_feeds
     path = zoo.export(name, opset)
     g = load_model(name, opset=opset)
     fr = fission(g)

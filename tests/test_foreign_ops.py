@@ -16,9 +16,9 @@ from onnx import numpy_helper as nh
 from typer.testing import CliRunner
 
 from tensorplan.errors import ModelImportError
-from tensorplan.graph.load import load_model
-from tensorplan.graph.reference import random_feeds, rel_error, run_reference
-from tensorplan.graph.to_onnx import graph_to_onnx, run_onnxruntime
+from tensorplan.zoo.load import load_model
+from tensorplan.ir.reference import random_feeds, rel_error, run_reference
+from tensorplan.ir.to_onnx import graph_to_onnx, run_onnxruntime
 
 
 def _model(tmp_path, nodes, inits, out_types, name="m", domains=(("com.microsoft", 1),)):
@@ -68,7 +68,7 @@ def test_foreign_nodes_import_and_the_reference_matches_onnxruntime(tmp_path):
 
 
 def test_plan_with_foreign_kernels_runs_and_matches_onnxruntime(tmp_path):
-    from tensorplan.plan import orchestrate
+    from tensorplan.workflows import orchestrate
     from tensorplan.runtime.executor import run_plan
     plan = orchestrate(str(_mixed(tmp_path)), cost="analytical", time_limit=20)
     opaque = {n for k in plan.kernels if k.kind == "opaque" for n in k.nodes}
@@ -99,7 +99,7 @@ def test_inspect_lists_foreign_and_truly_unsupported_nodes(tmp_path):
 
 
 def test_multihead_attention_module_exports_and_a_failed_export_is_one_clear_error(capfd):
-    from tensorplan.graph.from_torch import from_torch
+    from tensorplan.zoo.from_torch import from_torch
 
     class Att(torch.nn.Module):
         def __init__(self):
@@ -129,7 +129,7 @@ def test_multihead_attention_module_exports_and_a_failed_export_is_one_clear_err
 
 
 def test_predict_names_operators_left_outside_every_kernel(tmp_path):
-    from tensorplan.predict.tasks import network_tasks_and_gaps
+    from tensorplan.cdmpp.tasks import network_tasks_and_gaps
     rng = np.random.default_rng(0)
     nodes = [h.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
              h.make_node("TopK", ["m", "K"], ["v", "i"], name="topk"),
@@ -150,10 +150,10 @@ def test_int8_quantized_model_plans_with_regions_and_matches_onnxruntime(tmp_pat
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
                                           quantize_static)
 
-    from tensorplan.graph.load import resolve_model_path
-    from tensorplan.plan import orchestrate
-    from tensorplan.plan.regions import enumerate_regions
-    from tensorplan.graph.fission import fission
+    from tensorplan.zoo.load import resolve_model_path
+    from tensorplan.workflows import orchestrate
+    from tensorplan.korch.regions import enumerate_regions
+    from tensorplan.korch.fission import fission
     from tensorplan.runtime.executor import run_plan
     src = str(resolve_model_path("tiny-cnn"))
     out = tmp_path / f"q_{fmt}.onnx"

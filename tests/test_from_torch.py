@@ -11,9 +11,9 @@ from torch import nn
 from typer.testing import CliRunner
 
 from tensorplan.errors import ModelImportError
-from tensorplan.graph.from_torch import export_spec, from_torch, is_torch_spec
-from tensorplan.graph.load import load_model, resolve_model
-from tensorplan.graph.reference import run_reference
+from tensorplan.zoo.from_torch import export_spec, from_torch, is_torch_spec
+from tensorplan.zoo.load import load_model, resolve_model
+from tensorplan.ir.reference import run_reference
 
 FACTORY = textwrap.dedent("""
     import torch

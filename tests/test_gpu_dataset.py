@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tensorplan.errors import TensorplanError
-from tensorplan.predict import dataset as D
-from tensorplan.predict import gpu_dataset as G
+from tensorplan.cdmpp import dataset as D
+from tensorplan.cdmpp import gpu_dataset as G
 
 pytestmark = pytest.mark.xdist_group("gpu_dataset")
 
@@ -78,8 +78,8 @@ def test_untimed_leaves_out_the_programs_a_dataset_holds(cuda_programs, tmp_path
 
 def test_cuda_programs_featurise_as_gpu_programs(cuda_programs):
     """Replayed on the task, a CUDA program binds blockIdx/threadIdx: the GPU feature block is set."""
-    from tensorplan.predict.features import FEATURE_GROUPS, compact_ast
-    from tensorplan.predict.tasks import task_from_script
+    from tensorplan.cdmpp.features import FEATURE_GROUPS, compact_ast
+    from tensorplan.cdmpp.tasks import task_from_script
     d, keep, progs = cuda_programs
     rows = keep.set_index("task_key")
     lo, hi = FEATURE_GROUPS["gpu_threads"]
@@ -95,7 +95,7 @@ def test_cuda_programs_featurise_as_gpu_programs(cuda_programs):
 
 def test_compile_workers_build_cuda_libraries(cuda_programs, tmp_path):
     """The spawned workers replay and compile CUDA programs into libraries, in order."""
-    from tensorplan.predict.prebuild import Prebuilder
+    from tensorplan.cdmpp.prebuild import Prebuilder
     d, keep, progs = cuda_programs
     tasks = G._tasks_table(d)
     with Prebuilder(progs[:2], tasks, progs[0]["target"], tmp_path / "libs", 2) as pre:
@@ -145,7 +145,7 @@ def test_committed_h100_dataset_holds_gpu_programs():
     their recorded specs over the same programs, every program featurised as a GPU program,
     loadable like the CPU dataset."""
     import pyarrow.parquet as pq
-    from tensorplan.predict.features import FEATURE_GROUPS
+    from tensorplan.cdmpp.features import FEATURE_GROUPS
     d = D.default_data_dir().parent / "cdmpp-h100"
     if not (d / "records.parquet").exists():
         pytest.skip("GPU dataset not available")

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tensorplan.errors import TensorplanError
-from tensorplan.graph.onnx_import import import_onnx
+from tensorplan.ir.onnx_import import import_onnx
 
 
 class Small(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""Leaf-count experts (`predict/leaf_experts.py`) on a slice of the real dataset."""
+"""Leaf-count experts (`cdmpp/leaf_experts.py`) on a slice of the real dataset."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.predict.cdmpp import CDMPP, as_arrays, load_estimator  # noqa: E402
-from tensorplan.predict.leaf_experts import LeafExperts  # noqa: E402
+from tensorplan.cdmpp.model import CDMPP, as_arrays, load_estimator  # noqa: E402
+from tensorplan.cdmpp.leaf_experts import LeafExperts  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 
@@ -40,7 +40,7 @@ def test_experts_predict_their_leaf_count_and_survive_save(cdmpp_small, tmp_path
 
 
 def test_an_expert_is_kept_only_where_validation_says_so(cdmpp_small, monkeypatch):
-    import tensorplan.predict.leaf_experts as le
+    import tensorplan.cdmpp.leaf_experts as le
     tr = as_arrays(cdmpp_small["train"])
     k = int(np.bincount(tr.n_leaves).argmax())
     val = tr.subset(np.flatnonzero(tr.n_leaves == k)[:35])
@@ -60,8 +60,8 @@ def test_an_expert_is_kept_only_where_validation_says_so(cdmpp_small, monkeypatc
 
 
 def test_leaf_experts_need_a_cdmpp_base():
-    from tensorplan.predict.baselines import TenSetXGB
-    from tensorplan.predict.ensemble import Ensemble
+    from tensorplan.cdmpp.baselines import TenSetXGB
+    from tensorplan.cdmpp.ensemble import Ensemble
     with pytest.raises(TensorplanError, match="must be a CDMPP"):
         LeafExperts(TenSetXGB())
     with pytest.raises(TensorplanError, match="must be a CDMPP"):   # an ensemble fine-tunes, but has no copies' knobs
@@ -71,7 +71,7 @@ def test_leaf_experts_need_a_cdmpp_base():
 
 
 def test_harness_names_leaf_expert_models():
-    from tensorplan.predict.evaluate import make_model
+    from tensorplan.cdmpp.evaluate import make_model
     m = make_model("cdmpp-parts-leaf", quick=True)
     assert isinstance(m, LeafExperts) and isinstance(m.base, CDMPP) and m.base.parts_input
     assert make_model("cdmpp-leaf").steps == 1000
@@ -85,8 +85,8 @@ def test_train_with_leaf_experts_saves_a_model_predict_reads(cdmpp_small, tmp_pa
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    from tensorplan.predict.cdmpp import train
-    from tensorplan.predict.network import predict_network
+    from tensorplan.cdmpp.model import train
+    from tensorplan.cdmpp.predict import predict_network
 
     model, info = train(cdmpp_small["ds"], out=tmp_path / "leaf.pt", epochs=2, batch_size=64, max_cov=0.25,
                         leaf_experts=True)

@@ -1,4 +1,4 @@
-"""Linear/vendor backends (program/linear.py) agree with numpy, bind zero-copy, pick the fastest."""
+"""Linear/vendor backends (kernels/vendor.py) agree with numpy, bind zero-copy, pick the fastest."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 from tensorplan.errors import CompileError  # noqa: E402
-from tensorplan.graph.ir import Graph, Node, Tensor  # noqa: E402
-from tensorplan.program.linear import best_kernel, call_overheads, make_kernel  # noqa: E402
+from tensorplan.ir.graph import Graph, Node, Tensor  # noqa: E402
+from tensorplan.kernels.vendor import best_kernel, call_overheads, make_kernel  # noqa: E402
 
 RNG = np.random.default_rng(1)
 

@@ -1,4 +1,4 @@
-"""The MAPE-optimal point of a trained model (predict/mape_point.py) on a slice of the real dataset."""
+"""The MAPE-optimal point of a trained model (cdmpp/mape_point.py) on a slice of the real dataset."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,10 +7,10 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.predict.baselines import TenSetXGB  # noqa: E402
-from tensorplan.predict.cdmpp import as_arrays, load_estimator  # noqa: E402
-from tensorplan.predict.evaluate import make_model  # noqa: E402
-from tensorplan.predict.mape_point import MapePoint, factor_floors, mape_optimal_factor  # noqa: E402
+from tensorplan.cdmpp.baselines import TenSetXGB  # noqa: E402
+from tensorplan.cdmpp.model import as_arrays, load_estimator  # noqa: E402
+from tensorplan.cdmpp.evaluate import make_model  # noqa: E402
+from tensorplan.cdmpp.mape_point import MapePoint, factor_floors, mape_optimal_factor  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 

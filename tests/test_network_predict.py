@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tensorplan.errors import TensorplanError
-from tensorplan.predict.network import local_threads, measured_summary, predict_network
+from tensorplan.cdmpp.predict import local_threads, measured_summary, predict_network
 
 
 def test_measured_summary_weights_totals_by_calls_and_skips_unmeasured():
@@ -126,7 +126,7 @@ def test_calibrate_here_then_predict_with_measurement(tmp_path):
 def test_a_gpu_is_predicted_from_cuda_programs_with_the_shipped_h100_model():
     """`--device h100` schedules every kernel for the H100's CUDA target (no GPU needed) and predicts
     with the model trained on the H100's measured programs; a CPU-trained model is refused."""
-    from tensorplan.predict.network import SHIPPED_GPU_MODEL
+    from tensorplan.cdmpp.predict import SHIPPED_GPU_MODEL
     r = predict_network("tiny-cnn", device="h100")
     assert r["kind"] == "gpu" and r["trained_on"] == ["h100"] and r["warning"] is None
     assert r["weights"] == str(SHIPPED_GPU_MODEL) and r["n_kernels"] >= 4
@@ -161,7 +161,7 @@ def test_big_convolutions_get_a_valid_cuda_schedule():
 def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
     import numpy as np
 
-    from tensorplan.predict.cdmpp import device_features, load_shipped
+    from tensorplan.cdmpp.model import device_features, load_shipped
     r = predict_network("tiny-mlp", device="epyc-9654")
     assert r["kind"] == "cpu" and "never on 'epyc-9654'" in r["warning"] and "calibrate" in r["warning"]
     # the same domain name learnt with another machine's device vector is zero-shot too
@@ -260,7 +260,7 @@ def test_cpu_checks_from_several_hosts_are_pooled_per_host(tmp_path):
 
     import numpy as np
 
-    from tensorplan.predict.cdmpp import regression_metrics
+    from tensorplan.cdmpp.model import regression_metrics
     path = Path(__file__).resolve().parents[1] / "bench" / "cdmpp_predict_check.py"
     spec = importlib.util.spec_from_file_location("cdmpp_predict_check", path)
     pc = importlib.util.module_from_spec(spec)
@@ -288,7 +288,7 @@ def test_big_kernel_study_scores_the_checked_kernels_in_order():
 
     import numpy as np
 
-    from tensorplan.predict.cdmpp import regression_metrics
+    from tensorplan.cdmpp.model import regression_metrics
     path = Path(__file__).resolve().parents[1] / "bench" / "cdmpp_bigkernels.py"
     spec = importlib.util.spec_from_file_location("cdmpp_bigkernels", path)
     bk = importlib.util.module_from_spec(spec)
@@ -328,7 +328,7 @@ def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
 
     import numpy as np
 
-    from tensorplan.predict.cdmpp import load_shipped, regression_metrics
+    from tensorplan.cdmpp.model import load_shipped, regression_metrics
     bench = Path(__file__).resolve().parents[1] / "bench"
     sd = _ship_data_study(monkeypatch)
     s = sd.summarize(bench / "results" / "cdmpp_ship_data.jsonl")

@@ -11,11 +11,12 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from tensorplan.errors import ModelImportError, TensorplanError, UnsupportedOperatorError
-from tensorplan.graph import load_model, zoo
-from tensorplan.graph.analysis import graph_flops, min_bytes, node_bytes, node_flops, param_count, roofline_ms
-from tensorplan.graph.onnx_import import import_onnx, parse_input_shapes
-from tensorplan.graph.reference import random_feeds, rel_error, run_reference
-from tensorplan.graph.to_onnx import graph_to_onnx, run_onnxruntime
+from tensorplan.zoo.load import load_model
+from tensorplan import zoo
+from tensorplan.ir.analysis import graph_flops, min_bytes, node_bytes, node_flops, param_count, roofline_ms
+from tensorplan.ir.onnx_import import import_onnx, parse_input_shapes
+from tensorplan.ir.reference import random_feeds, rel_error, run_reference
+from tensorplan.ir.to_onnx import graph_to_onnx, run_onnxruntime
 
 TOL = 1e-4
 
@@ -373,7 +374,7 @@ def test_constant_and_passthrough_outputs():
 
 def test_graph_to_onnx_handles_hand_built_primitive_graphs():
     """Attributes as loose python values and opset-agnostic forms still export validly."""
-    from tensorplan.graph.ir import Graph, Node, Tensor
+    from tensorplan.ir.graph import Graph, Node, Tensor
 
     g = Graph("prim", opset=18)
     g.add_tensor(Tensor("x", (2, 6)))

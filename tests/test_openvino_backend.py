@@ -1,22 +1,22 @@
-"""OpenVINO as a region backend (program/openvino_kernel.py): a region of original operators compiled
+"""OpenVINO as a region backend (kernels/openvino.py): a region of original operators compiled
 by OpenVINO computes what ONNX Runtime computes, in place on the plan's buffers, and the measured
 cost times it next to ONNX Runtime so the BLP can pick per region."""
 from __future__ import annotations
 
 import pytest
 
-from tensorplan.graph.fission import fission
-from tensorplan.graph.load import load_model
-from tensorplan.graph.reference import rel_error
-from tensorplan.plan.candidates import enumerate_candidates
-from tensorplan.program.linear import make_kernel, random_inputs
-from tensorplan.program.openvino_kernel import available
+from tensorplan.korch.fission import fission
+from tensorplan.zoo.load import load_model
+from tensorplan.ir.reference import rel_error
+from tensorplan.korch.candidates import enumerate_candidates
+from tensorplan.kernels.vendor import make_kernel, random_inputs
+from tensorplan.kernels.openvino import available
 
 pytestmark = pytest.mark.skipif(not available(), reason="openvino not installed")
 
 
 def _whole_region(model):
-    from tensorplan.plan.regions import enumerate_regions
+    from tensorplan.korch.regions import enumerate_regions
     g = load_model(model)
     fr = fission(g)
     regs = enumerate_regions(g, fr, 0)
@@ -48,7 +48,7 @@ def test_openvino_region_matches_onnxruntime_and_writes_in_place(model):
 def test_measured_cost_times_openvino_for_regions_and_the_plan_runs(tmp_path):
     from tensorplan.cost.measured import MeasuredCost
     from tensorplan.measure.store import Store
-    from tensorplan.plan import orchestrate
+    from tensorplan.workflows import orchestrate
     from tensorplan.runtime.executor import run_plan
     g, fr, reg = _whole_region("tiny-cnn")
     cm = MeasuredCost(store=Store(tmp_path / "s.sqlite"), device="local", threads=2, budget_s=0.005)

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from tensorplan.errors import PlanError
-from tensorplan.plan import Plan, orchestrate, plan_buffers, verify
-from tensorplan.plan.plan import PlanKernel
+from tensorplan.runtime.plan import Plan, plan_buffers, verify
+from tensorplan.workflows import orchestrate
+from tensorplan.runtime.plan import PlanKernel
 
-zoo = pytest.importorskip("tensorplan.graph.zoo")
+zoo = pytest.importorskip("tensorplan.zoo")
 
 
 class FixedDevice:
@@ -31,7 +32,7 @@ def graph():
 
 @pytest.fixture(scope="module")
 def planned(graph):
-    from tensorplan.graph.fission import fission
+    from tensorplan.korch.fission import fission
     plan = orchestrate("tiny-attention", device=FixedDevice(), cost="analytical")
     return plan, fission(graph).graph
 
@@ -51,8 +52,8 @@ def test_orchestrate_produces_a_verified_fused_plan(planned):
 
 def test_plan_executes_correctly_kernel_by_kernel(planned, graph):
     """Running each kernel's subgraph in plan order reproduces the model output (real numerics)."""
-    from tensorplan.graph.reference import random_feeds, rel_error, run_reference
-    from tensorplan.plan.candidates import Candidate
+    from tensorplan.ir.reference import random_feeds, rel_error, run_reference
+    from tensorplan.korch.candidates import Candidate
     plan, prim = planned
     feeds = random_feeds(graph, 0)
     want = run_reference(prim, feeds)
@@ -72,14 +73,14 @@ def test_json_round_trip(planned, tmp_path):
     assert back.to_dict() == json.loads(plan.to_json())
     verify(back, prim)
     d = json.loads(p.read_text())
-    assert d["schema"] == "tensorplan.plan/1"
+    assert d["schema"] == "tensorplan.korch/1"
     assert d["source"]["prim_fingerprint"] == prim.fingerprint()
 
 
 def test_unknown_schema_and_bad_files_raise(planned, tmp_path):
     plan, _ = planned
     d = plan.to_dict()
-    d["schema"] = "tensorplan.plan/2"
+    d["schema"] = "tensorplan.korch/2"
     (tmp_path / "new.json").write_text(json.dumps(d))
     with pytest.raises(PlanError, match="unsupported plan schema"):
         Plan.load(tmp_path / "new.json")
@@ -116,8 +117,8 @@ def test_verify_catches_broken_plans(planned):
 def test_verify_catches_non_convex_kernel():
     """Kernel {Relu, Add} around Exp is not convex: Relu -> Exp (outside) -> Add."""
     from onnx import TensorProto, helper
-    from tensorplan.graph.fission import fission
-    from tensorplan.graph.onnx_import import import_onnx
+    from tensorplan.korch.fission import fission
+    from tensorplan.ir.onnx_import import import_onnx
     n = helper.make_node
     g = helper.make_graph([n("Relu", ["x"], ["a"]), n("Exp", ["a"], ["b"]), n("Add", ["a", "b"], ["y"])], "t",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],

@@ -1,6 +1,6 @@
-"""Compiled TVM kernels (program/) against the reference executor, op by op and fused.
+"""Compiled TVM kernels (kernels/) against the reference executor, op by op and fused.
 
-Every lowering is checked on random inputs against `tensorplan.graph.reference`
+Every lowering is checked on random inputs against `tensorplan.ir.reference`
 (the numerical ground truth); fused multi-op kernels (softmax, layernorm, GELU,
 SiLU chains) must match too. A bandwidth sanity test checks that the default
 schedules stream memory at a (loose) fraction of a copy measured in the same run.
@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tvm")
 
 from tensorplan.errors import CompileError  # noqa: E402
-from tensorplan.graph.ir import Graph, Node, Tensor  # noqa: E402
-from tensorplan.graph.reference import rel_error, run_node, run_reference  # noqa: E402
-from tensorplan.program.build import compile_kernel, local_target  # noqa: E402
-from tensorplan.program.lower import lower, supported_ops  # noqa: E402
+from tensorplan.ir.graph import Graph, Node, Tensor  # noqa: E402
+from tensorplan.ir.reference import rel_error, run_node, run_reference  # noqa: E402
+from tensorplan.kernels.build import compile_kernel, local_target  # noqa: E402
+from tensorplan.kernels.lower import lower, supported_ops  # noqa: E402
 
 RNG = np.random.default_rng(0)
 
@@ -36,7 +36,7 @@ def build(nodes: list[tuple], inputs: dict[str, np.ndarray], consts: dict[str, n
     for k, v in (consts or {}).items():
         g.add_tensor(Tensor(k, tuple(v.shape), str(v.dtype), v))
         env[k] = v
-    from tensorplan.graph import reference
+    from tensorplan.ir import reference
     tok = reference._OPSET.set(opset)
     try:
         for j, (op, ins, outs, attrs) in enumerate(nodes):
@@ -368,7 +368,7 @@ def test_compile_error_names_op():
 
 
 def test_every_fission_elementwise_reduce_layout_op_has_a_lowering():
-    from tensorplan.graph.fission import CATEGORY
+    from tensorplan.korch.fission import CATEGORY
     missing = sorted(op for op, cat in CATEGORY.items()
                      if cat in ("elementwise", "reduce", "layout") and op not in supported_ops())
     # ops fission never emits (or rare trig/cast variants) may stay opaque; the common set must not

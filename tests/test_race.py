@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tensorplan.plan.plan import Plan
+from tensorplan.runtime.plan import Plan
 from tensorplan.workflows.race import finalists, orchestrate_raced, pick_finalist
 
 
@@ -23,7 +23,7 @@ def test_pick_finalist_prefers_fewer_kernels_within_the_margin(medians, kernels,
 
 
 def test_finalists_are_distinct_alternatives_from_the_same_costs():
-    from tensorplan.plan.orchestrate import make_cost, orchestrate, resolve_device
+    from tensorplan.workflows.orchestrate import make_cost, orchestrate, resolve_device
     cm = make_cost("analytical", resolve_device("local"))
     blp = orchestrate("tiny-attention", cost=cm)
     cands = finalists("tiny-attention", blp, cm)
@@ -71,7 +71,7 @@ def test_cli_orchestrate_reports_the_race(tmp_path):
 def test_inductor_whole_graph_finalist_runs_and_matches_ort(tmp_path):
     """The whole rewritten graph as one Inductor program: a verified one-kernel plan that
     `run_plan` executes through the torch runner, joined to the race as 'inductor'."""
-    from tensorplan.plan.orchestrate import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.executor import run_plan
     from tensorplan.workflows.race import whole_graph_inductor
     plan = orchestrate("tiny-cnn", cost="analytical")
@@ -103,8 +103,8 @@ def test_one_session_finalist_is_raced_on_the_other_backend_and_both_run():
     """A plan that is one region kernel gets the same operators on the other region backend (and
     ONNX Runtime at the other thread count); every variant runs and matches ONNX Runtime. A plan of
     several kernels gets no variant."""
-    from tensorplan.plan.orchestrate import orchestrate
-    from tensorplan.program.openvino_kernel import available
+    from tensorplan.workflows.orchestrate import orchestrate
+    from tensorplan.kernels.openvino import available
     from tensorplan.runtime.executor import run_plan
     from tensorplan.workflows.race import session_backend_variants, session_thread_variants
     one = orchestrate("tiny-cnn", cost=_RegionsWin())

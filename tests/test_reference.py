@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tensorplan.graph.onnx_import import import_onnx
-from tensorplan.graph.reference import OPS, rel_error, run_reference
-from tensorplan.graph.to_onnx import graph_to_onnx, run_onnxruntime
+from tensorplan.ir.onnx_import import import_onnx
+from tensorplan.ir.reference import OPS, rel_error, run_reference
+from tensorplan.ir.to_onnx import graph_to_onnx, run_onnxruntime
 
 TOL = 1e-4
 F = "float32"
@@ -287,7 +287,7 @@ def test_rel_error_definition():
 
 
 def test_rel_error_handles_scalar_outputs():
-    from tensorplan.graph.reference import rel_error
+    from tensorplan.ir.reference import rel_error
     assert rel_error(np.float32(2.0), np.float32(2.0)) == 0.0
     assert rel_error(np.array(1.0, dtype=np.float32), np.array(2.0, dtype=np.float32)) == pytest.approx(0.5)
 

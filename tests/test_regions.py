@@ -9,14 +9,15 @@ import pytest
 
 from tensorplan.cost import AnalyticalCost
 from tensorplan.errors import PlanError
-from tensorplan.graph.fission import category, fission
-from tensorplan.graph.reference import rel_error, run_reference
-from tensorplan.graph.to_onnx import run_onnxruntime
-from tensorplan.plan import orchestrate, verify
-from tensorplan.plan.plan import _check_convex, PlanKernel
-from tensorplan.plan.regions import NORM_OPS, enumerate_regions, intervals, segments
+from tensorplan.korch.fission import category, fission
+from tensorplan.ir.reference import rel_error, run_reference
+from tensorplan.ir.to_onnx import run_onnxruntime
+from tensorplan.workflows import orchestrate
+from tensorplan.runtime.plan import verify
+from tensorplan.runtime.plan import _check_convex, PlanKernel
+from tensorplan.korch.regions import NORM_OPS, enumerate_regions, intervals, segments
 
-zoo = pytest.importorskip("tensorplan.graph.zoo")
+zoo = pytest.importorskip("tensorplan.zoo")
 
 MODELS = ["tiny-cnn", "tiny-attention", "tiny-convnext-ish"]
 
@@ -41,7 +42,7 @@ class RegionFriendlyCost:
     def cost(self, prim, cand):
         if cand.kind != "region":
             return self.base.cost(prim, cand)
-        from tensorplan.plan.candidates import Candidate
+        from tensorplan.korch.candidates import Candidate
         solo = 0.0
         for x in cand.nodes:
             n = next(n for n in prim.nodes if n.name == x)
@@ -157,7 +158,7 @@ def test_region_kernel_without_operators_is_a_clear_error():
 
 
 def test_race_plans_times_each_plan_end_to_end_and_names_the_faster():
-    from tensorplan.graph.reference import random_feeds
+    from tensorplan.ir.reference import random_feeds
     from tensorplan.runtime.executor import race_plans
     fused = orchestrate("tiny-cnn", device=FixedDevice(), cost="analytical")
     unfused = orchestrate("tiny-cnn", device=FixedDevice(), cost="analytical", method="none")

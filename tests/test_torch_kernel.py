@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tensorplan.errors import UnsupportedOperatorError
-from tensorplan.graph import zoo
-from tensorplan.graph.fission import fission
-from tensorplan.graph.ir import Graph, Node, Tensor
-from tensorplan.graph.reference import random_feeds, rel_error, run_reference
-from tensorplan.graph.rewrite import rewrite
-from tensorplan.plan.candidates import enumerate_candidates
-from tensorplan.program.torch_kernel import build_kernel, run_graph, supported_ops
+from tensorplan import zoo
+from tensorplan.korch.fission import fission
+from tensorplan.ir.graph import Graph, Node, Tensor
+from tensorplan.ir.reference import random_feeds, rel_error, run_reference
+from tensorplan.rewrite.rules import rewrite
+from tensorplan.korch.candidates import enumerate_candidates
+from tensorplan.kernels.torch_kernel import build_kernel, run_graph, supported_ops
 
 
 def _prim(name: str) -> tuple[Graph, Graph]:
@@ -67,7 +67,7 @@ def test_unsupported_op_names_the_node():
 def test_torch_cost_plan_and_runner_on_cpu():
     """orchestrate with TorchDeviceCost (eager, to keep CI fast), then run the plan: matches ORT."""
     from tensorplan.cost.torch_device import TorchDeviceCost
-    from tensorplan.plan.orchestrate import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.torch_runner import TorchPlanRunner
     cm = TorchDeviceCost("cpu", compile=False, budget_s=0.005)
     plan = orchestrate("tiny-cnn", cost=cm, regions=False)
@@ -91,7 +91,7 @@ def test_plan_on_cuda_as_one_graph_matches_onnxruntime():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from tensorplan.cost.torch_device import TorchDeviceCost
-    from tensorplan.plan.orchestrate import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.torch_runner import TorchPlanRunner
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -118,7 +118,7 @@ def test_cli_orchestrate_and_run_a_torch_plan(tmp_path):
     assert r.exit_code == 0, r.output
     summ = json.loads(r.output[r.output.index("{"):])
     assert summ["race"] is None  # torch plans are not raced (one CUDA graph on a GPU)
-    from tensorplan.plan.plan import Plan
+    from tensorplan.runtime.plan import Plan
     saved = Plan.load(out)
     assert all(k.backend == "torch-inductor" for k in saved.kernels)
     assert saved.stats["cost_model"]["warm_s"] > 0  # --jobs 2 pre-compiled in worker processes
@@ -173,7 +173,7 @@ def test_asymmetric_average_pool_is_refused_not_wrong():
 
 
 def run_reference_shapes(g: Graph, feeds) -> np.ndarray:
-    from tensorplan.graph.reference import run_node
+    from tensorplan.ir.reference import run_node
     n = g.nodes[0]
     vals = [feeds[i] if i in feeds else g.tensors[i].data for i in n.inputs]
     return run_node(n, vals)[0]

@@ -1,9 +1,9 @@
-"""Network totals from median-like kernel predictions (`predict/totals.py`), on real records."""
+"""Network totals from median-like kernel predictions (`cdmpp/totals.py`), on real records."""
 import numpy as np
 import pytest
 
 from tensorplan.errors import TensorplanError
-from tensorplan.predict.totals import mean_factor
+from tensorplan.cdmpp.totals import mean_factor
 from test_cdmpp_common import cdmpp_small  # noqa: F401
 
 

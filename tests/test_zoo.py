@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tensorplan.errors import TensorplanError
-from tensorplan.graph import zoo
+from tensorplan import zoo
 
 TINY = [e.name for e in zoo.list_models(tag="test")]
 # Big models that export and run in a few seconds on 2 cores (the rest: bench/zoo_export.py).
@@ -153,8 +153,8 @@ def test_datamove_grid_adds_kernels_no_zoo_network_has():
     """The synthetic coverage model fuses into one kernel per (shape, pattern), none of which is a
     kernel of the committed dataset's networks: adding its records never turns a held-out
     network's task into a seen one."""
-    from tensorplan.predict.dataset import load_dataset
-    from tensorplan.predict.tasks import network_tasks
+    from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.tasks import network_tasks
     tasks = network_tasks(zoo.export("datamove-grid"), "datamove-grid")
     kinds = {re.sub(r"\d+", "", t.name) for t in tasks}
     assert len(tasks) == 16 * 9 and {"pad", "concatenate", "fused_strided_slice_relu"} <= kinds
@@ -250,7 +250,7 @@ def test_fold_constants_settles_deep_shape_chains():
     (MobileViT-S at opset 11 failed with a fixed number of rounds)."""
     from onnx import TensorProto, helper
 
-    from tensorplan.graph.torch_onnx import finalize
+    from tensorplan.ir.torch_onnx import finalize
 
     nodes, inits, x = [], [], "x"
     w = np.eye(6, dtype=np.float32)

@@ -9,22 +9,22 @@ import importlib
 
 __version__ = "0.1.0"
 
-from .errors import TensorplanError  # noqa: E402,F401
-from .graph import Graph, Node, Tensor  # noqa: E402,F401
+from tensorplan.errors import TensorplanError  # noqa: E402,F401
+from tensorplan.ir.graph import Graph, Node, Tensor  # noqa: E402,F401
 
 # public name -> (module, attribute)
 _LAZY = {
-    "load_model": ("tensorplan.graph.load", "load_model"),
-    "from_torch": ("tensorplan.graph.from_torch", "from_torch"),
-    "import_onnx": ("tensorplan.graph.onnx_import", "import_onnx"),
-    "run_reference": ("tensorplan.graph.reference", "run_reference"),
-    "zoo": ("tensorplan.graph.zoo", None),
-    "fission": ("tensorplan.graph.fission", "fission"),
+    "load_model": ("tensorplan.zoo.load", "load_model"),
+    "from_torch": ("tensorplan.zoo.from_torch", "from_torch"),
+    "import_onnx": ("tensorplan.ir.onnx_import", "import_onnx"),
+    "run_reference": ("tensorplan.ir.reference", "run_reference"),
+    "zoo": ("tensorplan.zoo", None),
+    "fission": ("tensorplan.korch.fission", "fission"),
     "resolve_device": ("tensorplan.devices", "resolve"),
     "measure": ("tensorplan.measure.timer", "measure"),
     "Store": ("tensorplan.measure.store", "Store"),
-    "orchestrate": ("tensorplan.plan.orchestrate", "orchestrate"),
-    "Plan": ("tensorplan.plan.plan", "Plan"),
+    "orchestrate": ("tensorplan.workflows.orchestrate", "orchestrate"),
+    "Plan": ("tensorplan.runtime.plan", "Plan"),
     "run_plan": ("tensorplan.runtime.executor", "run_plan"),
     "run_demo": ("tensorplan.workflows.demo", "run_demo"),
     "export_onnx": ("tensorplan.workflows.export", "export_onnx"),

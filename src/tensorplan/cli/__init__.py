@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import TensorplanError
+from tensorplan.errors import TensorplanError
 
 app = typer.Typer(help="tensorplan: latency prediction, kernel orchestration and co-execution for DNNs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)

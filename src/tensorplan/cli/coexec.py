@@ -7,7 +7,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import TensorplanError
+from tensorplan.errors import TensorplanError
 
 
 def register(app: typer.Typer) -> None:
@@ -28,9 +28,9 @@ def register(app: typer.Typer) -> None:
         """Plan per-op splits (H/OC × ratio) and operator chains; report predicted vs measured (or simulated) latency."""
         con = Console()
         if simulate:
-            from ..graph import load_model
-            from ..runtime.simulate import SYSTEMS, calibrate, plot_timeline
-            from ..runtime.simulate import simulate as sim
+            from tensorplan.zoo.load import load_model
+            from tensorplan.codl.simulate import SYSTEMS, calibrate, plot_timeline
+            from tensorplan.codl.simulate import simulate as sim
 
             g = load_model(model)
             m = calibrate(simulate)
@@ -60,11 +60,11 @@ def register(app: typer.Typer) -> None:
                                   "the CUDA co-executor (CudaCoexecutor) runs single segments (see docs/codl.md)")
         if procs != ("cpu", "cpu2"):
             raise TensorplanError(f"--processors {processors!r}: use 'cpu,cpu2' or 'cpu,cuda'")
-        from ..runtime.coexecutor import coexec_model
+        from tensorplan.codl.coexecutor import coexec_model
 
         res = coexec_model(model, method, data or None, repeats)
         if timeline:
-            from ..runtime.simulate import plot_timeline
+            from tensorplan.codl.simulate import plot_timeline
 
             plot_timeline(res["events"], timeline, f"{model}: cpu (NCHW) + cpu2 (NHWC), measured")
             res["timeline"] = timeline

@@ -18,7 +18,7 @@ _STORE_OPT = typer.Option(None, "--store", help="Measurement store (default: $TE
 
 @dataset_app.command("collect")
 def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Comma-separated zoo names or .onnx paths "
-                                                   "(default: tensorplan.predict.tasks.DEFAULT_NETWORKS, 23 zoo networks)."),
+                                                   "(default: tensorplan.cdmpp.tasks.DEFAULT_NETWORKS, 23 zoo networks)."),
             programs_per_task: int = typer.Option(64, "--programs-per-task", help="Schedules sampled per task."),
             threads: str = typer.Option("1,2", "--threads", help="Thread counts; each is a device domain local-<N>t."),
             store: Optional[Path] = _STORE_OPT,
@@ -35,14 +35,14 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
             json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
             no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Sample schedules of every fused kernel, compile once, time at each thread count; resumable."""
-    from ..errors import TensorplanError
+    from tensorplan.errors import TensorplanError
     try:
         ths = [int(t) for t in threads.split(",") if t.strip()]
     except ValueError:
         raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
     os.environ["TVM_NUM_THREADS"] = str(max(ths))   # before TVM's runtime pool exists
-    from ..predict.dataset import collect as _collect
-    from ..predict.dataset import timed_programs
+    from tensorplan.cdmpp.dataset import collect as _collect
+    from tensorplan.cdmpp.dataset import timed_programs
     nets = [n.strip() for n in networks.split(",")] if networks else None
     st = _collect(nets, programs_per_task=programs_per_task, threads=ths, store=store,
                   budget_minutes=budget_minutes, batch=batch, max_kernel_s=max_kernel_ms / 1e3,
@@ -66,8 +66,8 @@ def remeasure(store: Optional[Path] = _STORE_OPT,
                   help="Only programs measured before this ISO time (UTC), e.g. 2026-11-22T02:00 (a noisy period)."),
               json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Re-time stored programs with the current timer (replaces their measurements); resumable."""
-    from ..errors import StoreError, TensorplanError
-    from ..predict.dataset import remeasure as _remeasure
+    from tensorplan.errors import StoreError, TensorplanError
+    from tensorplan.cdmpp.dataset import remeasure as _remeasure
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
     try:
@@ -106,13 +106,13 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
     Same schedules and features, new latencies: for cross-device evaluation and few-shot
     fine-tuning. Programs the dataset already holds on every requested domain are skipped, so a
     second machine of the same kind adds new programs."""
-    from ..errors import TensorplanError
+    from tensorplan.errors import TensorplanError
     try:
         ths = [int(t) for t in threads.split(",") if t.strip()]
     except ValueError:
         raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
     os.environ["TVM_NUM_THREADS"] = str(max(ths))   # before TVM's runtime pool exists
-    from ..predict.dataset import measure_device as _measure, merge_device as _merge
+    from tensorplan.cdmpp.dataset import measure_device as _measure, merge_device as _merge
     d = _measure(prefix, data=data, store=store, threads=ths, programs_per_task=programs_per_task,
                  budget_minutes=budget_minutes, progress=not no_progress, workers=workers).to_dict()
     if merge:
@@ -127,7 +127,7 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
 
 def _merge_and_report(merge, key: str, data: Optional[Path], store: Optional[Path], json_out: bool, wrote: str) -> None:
     """Run a `dataset.merge_*` on an existing store and print what it added."""
-    from ..errors import StoreError
+    from tensorplan.errors import StoreError
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass the --store {wrote} wrote to")
     r = merge(key, data=data, store=store)
@@ -141,7 +141,7 @@ def merge_device(prefix: str = typer.Option(..., "--prefix", help="Domains <pref
                  store: Optional[Path] = _STORE_OPT,
                  json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Add the records of a (possibly interrupted) measure-device run to the dataset."""
-    from ..predict.dataset import merge_device as _merge
+    from tensorplan.cdmpp.dataset import merge_device as _merge
     _merge_and_report(_merge, prefix, data, store, json_out, "measure-device")
 
 
@@ -151,7 +151,7 @@ def merge_gpu(name: str = typer.Option(..., "--name", help="GPU domain timed by 
               store: Optional[Path] = _STORE_OPT,
               json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Add a second GPU's timings of a GPU dataset's own programs to that dataset (a new domain)."""
-    from ..predict.dataset import merge_gpu as _merge
+    from tensorplan.cdmpp.dataset import merge_gpu as _merge
     _merge_and_report(_merge, name, data, store, json_out, "measure-gpu")
 
 
@@ -170,7 +170,7 @@ def sample(target: str = typer.Option("nvidia/nvidia-h100", "--target", help="TV
     The design space's postprocessors are applied; `measure-gpu` then times the programs on the
     GPU machine as a new device domain. With --skip-timed DIR (and more programs per task than DIR
     holds) the file holds only the draws DIR has not timed: a later GPU session's work."""
-    from ..predict.gpu_dataset import sample_programs, untimed, write_programs
+    from tensorplan.cdmpp.gpu_dataset import sample_programs, untimed, write_programs
     if skip_timed is not None:
         untimed([], skip_timed)        # a wrong directory fails now, not after minutes of sampling
     progs = sample_programs(target, data=data, programs_per_task=programs_per_task, workers=workers)
@@ -196,7 +196,7 @@ def measure_gpu(programs: Path = typer.Option(..., "--programs", help="Programs 
     """Compile and time sampled CUDA programs on this machine's GPU as device NAME; resumable.
 
     `tensorplan dataset export --store S --out DIR` then writes them as a dataset."""
-    from ..predict.gpu_dataset import measure_gpu as _measure, read_programs
+    from tensorplan.cdmpp.gpu_dataset import measure_gpu as _measure, read_programs
     d = _measure(name, read_programs(programs), data=data, store=store, workers=workers,
                  budget_minutes=budget_minutes, limit=limit, progress=not no_progress).to_dict()
     if json_out:
@@ -213,8 +213,8 @@ def export(store: Optional[Path] = _STORE_OPT,
                                                  help="Processes replaying and featurising programs (default: every CPU)."),
            json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Featurise every stored program and write the compact dataset (parquet + float16 npz)."""
-    from ..errors import StoreError
-    from ..predict.dataset import export as _export
+    from tensorplan.errors import StoreError
+    from tensorplan.cdmpp.dataset import export as _export
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
     r = _export(store, out, workers=workers)
@@ -236,7 +236,7 @@ def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset dire
     first design-space sample (untuned, what `tensorplan predict` schedules)."""
     import numpy as np
 
-    from ..predict.dataset import load_dataset
+    from tensorplan.cdmpp.dataset import load_dataset
     ds = load_dataset(data)
     s = ds.stats()
     nl = ds.network_latencies(max_cov=max_cov, metric=metric)

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         Imports MODEL, checks the reference executor against ONNX Runtime, shows the device and
         per-operator timings, then orchestrates fused kernels and races the plan against ONNX
         Runtime and torch.compile, interleaved."""
-        from ..workflows.demo import run_demo
+        from tensorplan.workflows.demo import run_demo
 
         con = Console(stderr=as_json)
         rep = run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
                        vs_torch_compile=vs_torch_compile, save_plan=save_plan)
         ok_all = rep.agree and (rep.plan is None or rep.plan["agree"])
         if report:
-            from ..workflows.report import write_demo_report
+            from tensorplan.workflows.report import write_demo_report
             con.print(f"[dim]report: {write_demo_report(rep, report)}[/]")
         if as_json:
             print(json.dumps(rep.to_dict(), indent=2, default=str))

@@ -18,7 +18,8 @@ def register(app: typer.Typer) -> None:
                                    "when nothing is cached yet."),
     ) -> None:
         """Show this machine's CPU (measured bandwidth / GEMM FLOP/s, cached) and GPUs, and the known catalog."""
-        from ..devices import CATALOG, local_devices
+        from tensorplan.devices.catalog import CATALOG
+        from tensorplan.devices.detect import local_devices
 
         con = Console(stderr=True)
         if refresh:

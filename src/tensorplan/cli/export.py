@@ -26,8 +26,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
         """Write a plan as one standalone ONNX file, check it and time it against the original in ONNX Runtime."""
-        from ..graph.onnx_import import parse_input_shapes
-        from ..workflows.export import export_onnx
+        from tensorplan.ir.onnx_import import parse_input_shapes
+        from tensorplan.workflows.export import export_onnx
         con = Console(stderr=True)
         log = None if as_json else (lambda msg: con.print(f"[dim]{msg}[/]"))
         with con.status(f"exporting {target} ..."):

@@ -27,8 +27,8 @@ def register(app: typer.Typer) -> None:
                 seed: int = typer.Option(0, help="Seed of the random inputs for --check."),
                 as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
         """Operators by type (count, FLOPs, bytes), parameters, totals, unsupported operators."""
-        from ..graph.analysis import inspect_model
-        from ..graph.onnx_import import parse_input_shapes
+        from tensorplan.workflows.inspect import inspect_model
+        from tensorplan.ir.onnx_import import parse_input_shapes
 
         shapes = parse_input_shapes(input_shape)
         con = Console()

@@ -63,13 +63,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
     ) -> None:
         """Fission, candidate kernels, measured costs, BLP, end-to-end race: a verified plan."""
-        from ..graph.onnx_import import parse_input_shapes
-        from ..workflows.race import orchestrate_raced
+        from tensorplan.ir.onnx_import import parse_input_shapes
+        from tensorplan.workflows.race import orchestrate_raced
 
         err = Console(stderr=True)
         if jobs > 1:
-            from ..cost.torch_device import TorchDeviceCost
-            from ..plan.orchestrate import make_cost, resolve_device
+            from tensorplan.cost.torch_device import TorchDeviceCost
+            from tensorplan.workflows.orchestrate import make_cost, resolve_device
             cm = make_cost(cost, resolve_device(device))
             if isinstance(cm, TorchDeviceCost):
                 cm.jobs = jobs

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import TensorplanError
+from tensorplan.errors import TensorplanError
 
 _err = Console(stderr=True)
 
@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: data/cdmpp/)."),
         devices: Optional[str] = typer.Option(None, "--devices", help="Comma-separated device domains (default: all)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Where to save the model (.pt; default: cache)."),
-        ship: bool = typer.Option(False, "--ship", help="Save to the packaged weights (predict/weights/cdmpp-local.pt)."),
+        ship: bool = typer.Option(False, "--ship", help="Save to the packaged weights (cdmpp/weights/cdmpp-local.pt)."),
         model: str = typer.Option("cdmpp", "--model", help="cdmpp (default: without CMD), or a harness model such "
                                   "as xgboost-hier (trees over an analytic compute + memory estimate, which "
                                   "carries best to another CPU; docs/cdmpp.md); use it with predict --weights."),
@@ -61,10 +61,10 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Train CDMPP (or --model) on the measured dataset (stable records) and save it."""
-        from ..forkmap import default_workers
-        from ..paths import cache_dir
-        from ..predict.cdmpp import SHIPPED_MODEL, train
-        from ..predict.evaluate import make_model
+        from tensorplan.forkmap import default_workers
+        from tensorplan.paths import cache_dir
+        from tensorplan.cdmpp.model import SHIPPED_MODEL, train
+        from tensorplan.cdmpp.evaluate import make_model
 
         if leaf_experts and model != "cdmpp":
             raise typer.BadParameter("--leaf-experts wraps cdmpp only", param_hint="--leaf-experts")
@@ -111,8 +111,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Few-shot fine-tune CDMPP for a device domain from KMeans-selected (or random) tasks."""
-        from ..paths import cache_dir
-        from ..predict.finetune import finetune_device
+        from tensorplan.paths import cache_dir
+        from tensorplan.cdmpp.finetune import finetune_device
 
         dest = out or cache_dir() / "models" / f"cdmpp-{device}.pt"
         info = finetune_device(device, model=model, data=data, n_tasks=tasks, per_task=per_task, method=method,
@@ -146,8 +146,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Predict per-kernel and whole-model latency of a network with CDMPP (--measure: and check it)."""
-        from ..graph.onnx_import import parse_input_shapes
-        from ..predict.network import predict_network
+        from tensorplan.ir.onnx_import import parse_input_shapes
+        from tensorplan.cdmpp.predict import predict_network
 
         r = predict_network(model, device=device, weights=weights, log=None if json_out else _log,
                             measure=measure, progress=not json_out, calibrated=not shipped,
@@ -230,9 +230,9 @@ def register(app: typer.Typer) -> None:
 
         The correction is checked on tasks it was not fitted on (5 folds) against the model as
         `predict` uses it here, and installed only where it wins (or with --force)."""
-        from ..predict.cdmpp import resolve_domain
-        from ..predict.local_calibration import calibrate_here
-        from ..predict.network import local_threads
+        from tensorplan.cdmpp.model import resolve_domain
+        from tensorplan.cdmpp.local_calibration import calibrate_here
+        from tensorplan.cdmpp.predict import local_threads
 
         n = threads or local_threads(resolve_domain("local"))
         info = calibrate_here(local_threads(f"local-{n}t"), n_tasks=tasks, per_task=per_task, data=data, model=model,
@@ -286,7 +286,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the result JSON."),
     ) -> None:
         """Train and score CDMPP and the baselines on the same splits; write JSON and a markdown table."""
-        from ..predict.evaluate import DEFAULT_MODELS, evaluate, render_markdown, save_results, write_doc
+        from tensorplan.cdmpp.evaluate import DEFAULT_MODELS, evaluate, render_markdown, save_results, write_doc
 
         if resume and out is None:
             raise typer.BadParameter("--resume needs --out (the result file to continue)", param_hint="--resume")

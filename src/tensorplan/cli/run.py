@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
                                               help="Also time every kernel alone (sum vs end-to-end)."),
             as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
         """Run a plan on this machine: median latency, predicted vs measured, max error vs ORT."""
-        from ..runtime.executor import run_plan
+        from tensorplan.runtime.executor import run_plan
         con = Console(stderr=True)
         if as_json:
             res = run_plan(plan, check=check, repeats=repeats or None, threads=threads, kernel_times=kernel_times,

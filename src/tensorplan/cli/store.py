@@ -18,8 +18,8 @@ _STORE_OPT = typer.Option(None, "--store", help="Store file (default: $TENSORPLA
 def stats(store: Optional[Path] = _STORE_OPT,
           json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Counts per table, program kind and device; file size; schema version."""
-    from ..errors import StoreError
-    from ..measure.store import Store
+    from tensorplan.errors import StoreError
+    from tensorplan.measure.store import Store
 
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
@@ -45,8 +45,8 @@ def stats(store: Optional[Path] = _STORE_OPT,
 def export(parquet: Path = typer.Option(..., "--parquet", help="Directory for one parquet file per table."),
            store: Optional[Path] = _STORE_OPT) -> None:
     """Export every table to parquet (for training sets)."""
-    from ..errors import StoreError
-    from ..measure.store import Store
+    from tensorplan.errors import StoreError
+    from tensorplan.measure.store import Store
 
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")

@@ -23,7 +23,7 @@ def list_cmd(tag: Optional[str] = typer.Option(None, "--tag", help="only models 
                                                 "(korch, codl, test, transformer, detection, ...)"),
              as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """List zoo models: name, inputs, parameter count, tags, description."""
-    from ..graph import zoo
+    from tensorplan import zoo
 
     rows = []
     for e in zoo.list_models(tag):
@@ -51,7 +51,7 @@ def export_cmd(name: str = typer.Argument(..., help="zoo model name (see `tensor
                force: bool = typer.Option(False, "--force", help="re-export even if a cached file is current"),
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Export NAME to ONNX (cached under the tensorplan cache dir) and optionally copy it to -o."""
-    from ..graph import zoo
+    from tensorplan import zoo
 
     path = zoo.export(name, opset=opset, force=force)
     if output is not None:

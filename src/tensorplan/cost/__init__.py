@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..graph.fission import category
-from ..graph.ir import Graph, Node
+from tensorplan.korch.fission import category
+from tensorplan.ir.graph import Graph, Node
 
 if TYPE_CHECKING:  # plan imports cost, not the other way round at run time
-    from ..plan.candidates import Candidate
+    from tensorplan.korch.candidates import Candidate
 
 
 @runtime_checkable
@@ -47,9 +47,9 @@ def _numel(shape) -> int:
 
 def node_flops(prim: Graph, n: Node) -> int:
     """FLOPs of one primitive: 2*MACs for linear ops, one per output (or input for reductions)
-    element otherwise. Uses `tensorplan.graph.analysis.node_flops` when it exists."""
+    element otherwise. Uses `tensorplan.ir.analysis.node_flops` when it exists."""
     try:
-        from ..graph import analysis  # written by another helper; same definition
+        from tensorplan.ir import analysis  # written by another helper; same definition
         return int(analysis.node_flops(prim, n))
     except (ImportError, AttributeError):
         pass
@@ -110,7 +110,7 @@ class AnalyticalCost:
     def __init__(self, device: Any = "local", launch_s: float | None = None,
                  compute_eff: float = 0.7, memory_eff: float = 0.7):
         if isinstance(device, str):
-            from ..devices import resolve
+            from tensorplan.devices import resolve
             device = resolve(device)
         self.device = device
         self.peak_flops = float(device.peak_fp32_gflops) * 1e9 * compute_eff
@@ -159,7 +159,7 @@ def cost_many(model: KernelCost, prim: Graph, cands: Iterable["Candidate"], *,
     out = np.array([by_hash[c.canonical_hash] for c in cands], dtype=np.float64)
     bad = [c for c, v in zip(cands, out) if not (v > 0) and not math.isinf(v)]
     if bad:
-        from ..errors import TensorplanError
+        from tensorplan.errors import TensorplanError
         raise TensorplanError(f"cost model '{getattr(model, 'name', model)}' returned a non-positive "
                               f"cost for candidate {bad[0].id} (nodes {list(bad[0].nodes)[:3]})")
     return out

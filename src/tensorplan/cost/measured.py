@@ -10,8 +10,8 @@ Per candidate kind:
   measured end to end on the shared 2-core machine the torch kernels cost 5-7x their
   solo time (ResNet-50: 26 torch convs, plan 0.18x of ORT; bench/results/);
 - opaque: ONNX Runtime;
-- region (several original operators, plan/regions.py): one ONNX Runtime session over them, and
-  the same operators compiled by OpenVINO (`region_backends`; program/openvino_kernel.py).
+- region (several original operators, korch/regions.py): one ONNX Runtime session over them, and
+  the same operators compiled by OpenVINO (`region_backends`; kernels/openvino.py).
 ONNX Runtime is timed at full threads and at one thread. The fastest variant wins
 (Korch's min over profilers) and is recorded as the plan kernel's backend + schedule.
 
@@ -33,11 +33,11 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CompileError, TensorplanError
-from ..graph.ir import Graph
+from tensorplan.errors import CompileError, TensorplanError
+from tensorplan.ir.graph import Graph
 
 if TYPE_CHECKING:
-    from ..plan.candidates import Candidate
+    from tensorplan.korch.candidates import Candidate
 
 PROGRAM_KIND = "korch_kernel"
 COST_VERSION = 4  # bump when the kernels/schedules change so old timings are not reused
@@ -53,15 +53,15 @@ class MeasuredCost:
                  linear_backends: tuple[str, ...] = ("ort",), singleton_ort: bool = True,
                  tag: str = "", remeasure: bool = False, statistic: str = "min", outlier_factor: float = 4.0,
                  region_backends: tuple[str, ...] = ("ort", "openvino")):
-        from ..devices import resolve
-        from ..measure.store import Store
+        from tensorplan.devices import resolve
+        from tensorplan.measure.store import Store
         self.store = store if isinstance(store, Store) else Store(store)
         self.spec = resolve(device) if isinstance(device, str) else device
         self.dev_key = self.store.put_device(self.spec)
         self.threads = int(threads)
         self.budget_s = float(budget_s)
         self.linear_backends = tuple(linear_backends)
-        from ..program.openvino_kernel import available
+        from tensorplan.kernels.openvino import available
         self.region_backends = tuple(b for b in region_backends if b != "openvino" or available())
         self.singleton_ort = singleton_ort
         self.tag = tag
@@ -78,7 +78,7 @@ class MeasuredCost:
         return self.cost_many(prim, [cand])[0]
 
     def cost_many(self, prim: Graph, cands: list["Candidate"], progress: bool = False) -> list[float]:
-        from ..measure.timer import pinned_threads
+        from tensorplan.measure.timer import pinned_threads
         out: list[float] = []
         todo: list[tuple[int, Any, str]] = []
         for k, c in enumerate(cands):
@@ -109,7 +109,7 @@ class MeasuredCost:
     def _remeasure_outliers(self, prim: Graph, items: list, out: list[float]) -> None:
         """Time again the kernels whose latency per byte is `outlier_factor` x above the median of
         their kind: on a shared machine one timing window can fall into another job's burst."""
-        from ..cost import kernel_work
+        from tensorplan.cost import kernel_work
         ratios = {}
         for k, c, pk in items:
             if math.isfinite(out[k]) and c.kind == "memory":
@@ -156,7 +156,7 @@ class MeasuredCost:
         return float(rec["min_s"] if self.statistic == "min" else rec["median_s"])
 
     def _measure_one(self, prim: Graph, c: "Candidate", pk: str, keep_best_of: float | None = None) -> float:
-        from ..measure.timer import Timing
+        from tensorplan.measure.timer import Timing
         sub = c.graph(prim)
         outputs = list(c.outputs)
         backends = self._backends_for(c, sub)
@@ -235,8 +235,8 @@ class MeasuredCost:
         return name, {}
 
     def _time_backend(self, sub: Graph, outputs: list[str], variant: str):
-        from ..measure.timer import measure
-        from ..program.linear import make_kernel, random_inputs
+        from tensorplan.measure.timer import measure
+        from tensorplan.kernels.vendor import make_kernel, random_inputs
         t0 = time.perf_counter()
         backend, sched = self._variant(variant)
         k = make_kernel(sub, outputs, backend, threads=self.threads, schedule=sched or None)

@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..errors import CompileError, UnsupportedOperatorError
-from ..graph.ir import Graph
+from tensorplan.errors import CompileError, UnsupportedOperatorError
+from tensorplan.ir.graph import Graph
 
 if TYPE_CHECKING:
-    from ..plan.candidates import Candidate
+    from tensorplan.korch.candidates import Candidate
 
 
 def cuda_graph_timer(fn: Callable[[], Any], *, calls: int = 20, min_repeats: int = 5,
                      budget_s: float = 0.05) -> float:
     """Median GPU seconds per call of `fn`, captured `calls` times in one CUDA graph and replayed."""
     import torch
-    from ..measure.timer import measure
+    from tensorplan.measure.timer import measure
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -51,7 +51,7 @@ def _warm_worker(args) -> int:
     """Worker process: build (compile) kernels so Inductor's caches hold them; returns how many built."""
     prim, cands, device = args
     import torch  # noqa: F401
-    from ..program.torch_kernel import build_kernel, example_inputs
+    from tensorplan.kernels.torch_kernel import build_kernel, example_inputs
     n = 0
     for c in cands:
         try:
@@ -138,7 +138,7 @@ class TorchDeviceCost:
                   f"with {self.jobs} processes")
 
     def _time(self, prim: Graph, c: "Candidate") -> float:
-        from ..program.torch_kernel import build_kernel, example_inputs
+        from tensorplan.kernels.torch_kernel import build_kernel, example_inputs
         import torch
         t0 = time.perf_counter()
         try:
@@ -153,7 +153,7 @@ class TorchDeviceCost:
             return math.inf
         self.compile_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        from ..measure.timer import measure
+        from tensorplan.measure.timer import measure
         try:
             with torch.inference_mode():
                 if self.device.type == "cuda":

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from ..errors import TensorplanError
-from .catalog import CATALOG, ALIASES, catalog_names, lookup, match_gpu_name
-from .detect import cpu_info, local_cpu, local_devices, local_gpu, measure_bandwidth, measure_matmul
-from .spec import FEATURE_NAMES, FEATURE_VERSION, ISA_FLAGS, DeviceSpec
+from tensorplan.errors import TensorplanError
+from tensorplan.devices.catalog import CATALOG, ALIASES, catalog_names, lookup, match_gpu_name
+from tensorplan.devices.detect import cpu_info, local_cpu, local_devices, local_gpu, measure_bandwidth, measure_matmul
+from tensorplan.devices.spec import FEATURE_NAMES, FEATURE_VERSION, ISA_FLAGS, DeviceSpec
 
 __all__ = ["DeviceSpec", "resolve", "known_names", "CATALOG", "FEATURE_NAMES", "FEATURE_VERSION", "ISA_FLAGS",
            "cpu_info", "local_cpu", "local_gpu", "local_devices", "measure_bandwidth", "measure_matmul",

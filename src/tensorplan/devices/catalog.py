@@ -9,7 +9,7 @@ FLOPs/cycle (FMA width and count per core). Mobile CPU entries describe the big 
 """
 from __future__ import annotations
 
-from .spec import DeviceSpec
+from tensorplan.devices.spec import DeviceSpec
 
 # -- document titles and URLs (one place, reused in the source strings) --------------------
 _T4 = "NVIDIA T4 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"

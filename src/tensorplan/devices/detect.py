@@ -25,10 +25,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..errors import TensorplanError
-from ..paths import cache_dir
-from .catalog import match_gpu_name
-from .spec import DeviceSpec
+from tensorplan.errors import TensorplanError
+from tensorplan.paths import cache_dir
+from tensorplan.devices.catalog import match_gpu_name
+from tensorplan.devices.spec import DeviceSpec
 
 CACHE_VERSION = 1
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import TensorplanError
+from tensorplan.errors import TensorplanError
 
 # ISA / capability flags that get a slot in the feature vector (order is part of the format).
 ISA_FLAGS: tuple[str, ...] = ("avx2", "avx512f", "fma", "neon", "sve", "fp16", "bf16", "tensor_cores")

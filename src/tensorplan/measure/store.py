@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..devices.spec import DeviceSpec
-from ..errors import StoreError, TensorplanError
-from ..paths import default_store_path
-from .timer import Timing
+from tensorplan.devices.spec import DeviceSpec
+from tensorplan.errors import StoreError, TensorplanError
+from tensorplan.paths import default_store_path
+from tensorplan.measure.timer import Timing
 
 BUSY_TIMEOUT_MS = 60_000
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..errors import TensorplanError
+from tensorplan.errors import TensorplanError
 
 # environment variables that size the thread pools of child processes (and of libraries not yet loaded)
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")

@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import CompileError, PlanError, TensorplanError
-from ..graph.ir import Graph
-from ..plan.plan import Plan, PlanKernel, plan_buffers
+from tensorplan.errors import CompileError, PlanError, TensorplanError
+from tensorplan.ir.graph import Graph
+from tensorplan.runtime.plan import Plan, PlanKernel, plan_buffers
 
 DEFAULT_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "ort"}
 FALLBACKS = {"tvm": ["ort", "reference"], "ort": ["reference"], "openvino": ["ort", "reference"], "torch": ["ort", "reference"],
@@ -40,8 +40,8 @@ def _tdtype(d: str):
 
 def reference_kernel(sub: Graph, name: str):
     """Last resort for an op no backend builds: the numpy reference executor + a copy."""
-    from ..graph.reference import run_reference
-    from ..program.linear import VendorKernel
+    from tensorplan.ir.reference import run_reference
+    from tensorplan.kernels.vendor import VendorKernel
     torch = _torch()
     ins = [i for i in sub.inputs if not sub.tensors[i].is_constant]
     outs = list(sub.outputs)
@@ -60,8 +60,8 @@ def reference_kernel(sub: Graph, name: str):
 def inductor_kernel(sub: Graph, name: str):
     """A kernel compiled by PyTorch Inductor (program.torch_kernel) on the CPU, writing its results
     into the plan's buffers (one copy per output: Inductor allocates its own outputs)."""
-    from ..program.linear import VendorKernel
-    from ..program.torch_kernel import build_kernel as build_torch
+    from tensorplan.kernels.vendor import VendorKernel
+    from tensorplan.kernels.torch_kernel import build_kernel as build_torch
     ins = [i for i in sub.inputs if not sub.tensors[i].is_constant]
     outs = list(sub.outputs)
     try:
@@ -97,7 +97,7 @@ def kernel_graph(prim: Graph, k: PlanKernel, source: Graph | None = None) -> Gra
 def build_kernel(prim: Graph, k: PlanKernel, threads: int = 2, source: Graph | None = None
                  ) -> tuple[Any, str, list[str]]:
     """Build a plan kernel on its backend, falling back (tvm -> ort -> reference) with reasons."""
-    from ..program.linear import make_kernel
+    from tensorplan.kernels.vendor import make_kernel
     sub = kernel_graph(prim, k, source)
     backend = k.backend or DEFAULT_BACKEND.get(k.kind, "ort")
     notes: list[str] = []
@@ -214,7 +214,7 @@ class PlanExecutor:
 
     def kernel_times(self, budget_s: float = 0.02) -> list[float]:
         """Median time of each kernel alone (bound to the same buffers)."""
-        from ..measure.timer import measure
+        from tensorplan.measure.timer import measure
         return [measure(c, warmup=1, min_repeats=3, max_repeats=50, budget_s=budget_s).median_s
                 for c in self.calls]
 
@@ -264,8 +264,8 @@ def _load_plan(plan: str | Path | Plan | dict) -> Plan:
 
 def ort_reference(plan: Plan, feeds: dict[str, np.ndarray], threads: int = 2) -> dict[str, np.ndarray]:
     """Outputs of ONNX Runtime on the plan's *original* model (not the primitive graph)."""
-    from ..graph import load_model
-    from ..graph.to_onnx import run_onnxruntime
+    from tensorplan.zoo.load import load_model
+    from tensorplan.ir.to_onnx import run_onnxruntime
     src = plan.source
     shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None
     g = load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
@@ -278,12 +278,12 @@ def run_plan(plan: str | Path | Plan | dict, feeds: dict[str, np.ndarray] | None
     """Compile and run a plan, time it (median), and check its outputs against ONNX Runtime on the
     original model (max relative error <= `tol`, default `default_tolerance`: 1e-4 for fp32).
     `repeats` fixes the number of timed runs."""
-    from ..graph.reference import default_tolerance, random_feeds, rel_error
-    from ..measure.timer import measure, pinned_threads
+    from tensorplan.ir.reference import default_tolerance, random_feeds, rel_error
+    from tensorplan.measure.timer import measure, pinned_threads
     p = _load_plan(plan)
     prim = prim if prim is not None else p.primitive_graph()
     tol = default_tolerance(prim) if tol is None else tol
-    from .torch_runner import is_torch_plan, run_torch_plan
+    from tensorplan.runtime.torch_runner import is_torch_plan, run_torch_plan
     if is_torch_plan(p):  # kernels chosen on a torch device (a GPU): PyTorch-built, one CUDA graph
         return run_torch_plan(p, prim, feeds if feeds is not None else random_feeds(prim, seed=0), check=check,
                               repeats=repeats, budget_s=budget_s, tol=tol, threads=threads)
@@ -324,11 +324,11 @@ def race_plans(plans: dict[str, Plan], prim: Graph, feeds: dict[str, np.ndarray]
     costs more than solo timings show (thread pools waking, cold caches); a plan that looks
     cheaper on paper can run slower. Measuring the finalists end to end is the proof."""
     import statistics
-    from ..measure.timer import interleaved, pinned_threads
+    from tensorplan.measure.timer import interleaved, pinned_threads
     with pinned_threads(threads):
         runs = {}
         for name, p in plans.items():
-            from .torch_runner import TorchPlanRunner, is_torch_plan
+            from tensorplan.runtime.torch_runner import TorchPlanRunner, is_torch_plan
             if is_torch_plan(p):
                 r = TorchPlanRunner(p, prim, device=p.kernels[0].schedule["device"], cuda_graph=False)
                 r.bind(feeds)

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PlanError
-from ..graph.ir import Graph
-from ..plan.plan import Plan
+from tensorplan.errors import PlanError
+from tensorplan.ir.graph import Graph
+from tensorplan.runtime.plan import Plan
 
 
 class TorchPlanRunner:
@@ -24,7 +24,7 @@ class TorchPlanRunner:
     def __init__(self, plan: Plan, prim: Graph | None = None, *, device: str = "cuda", compile: bool = True,
                  cuda_graph: bool = True):
         import torch
-        from ..program.torch_kernel import build_kernel
+        from tensorplan.kernels.torch_kernel import build_kernel
         self.torch = torch
         self.plan = plan
         self.prim = prim if prim is not None else plan.primitive_graph()
@@ -110,16 +110,16 @@ def run_torch_plan(plan: Plan, prim: Graph, feeds: dict[str, np.ndarray], *, che
                    repeats: int | None = None, budget_s: float = 2.0, tol: float = 1e-4, threads: int = 2):
     """`runtime.executor.run_plan` for torch plans: build, bind (CUDA graph on a GPU), time, check vs ORT."""
     import torch
-    from ..errors import TensorplanError
-    from ..graph.reference import rel_error
-    from ..measure.timer import measure
-    from .executor import RunResult, ort_reference
+    from tensorplan.errors import TensorplanError
+    from tensorplan.ir.reference import rel_error
+    from tensorplan.measure.timer import measure
+    from tensorplan.runtime.executor import RunResult, ort_reference
     device = plan.kernels[0].schedule.get("device", "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise TensorplanError(f"this plan's kernels were chosen for '{device}', and this machine has no CUDA "
                               f"GPU; run it on a GPU machine or re-run orchestrate for this device")
     compile_ = any(k.backend == "torch-inductor" for k in plan.kernels)
-    from ..measure.timer import pinned_threads
+    from tensorplan.measure.timer import pinned_threads
     with pinned_threads(None if device.startswith("cuda") else threads):
         r = TorchPlanRunner(plan, prim, device=device, compile=compile_)
         r.bind(feeds)

@@ -80,7 +80,7 @@ def ort_per_op_profile(onnx_path: str, feeds: dict[str, np.ndarray], threads: in
 def model_onnx_path(model: str, opset: int) -> str:
     """The original ONNX file behind a model spec (ORT is the reference, so it runs the
     original, not our re-export)."""
-    from ..graph.load import resolve_model_path
+    from tensorplan.zoo.load import resolve_model_path
 
     return str(resolve_model_path(model, opset))
 
@@ -93,7 +93,7 @@ def interleaved_medians(fns: dict[str, callable], rounds: int = 15, burst_s: flo
     that session's workers still spin on the 2 cores (bench/spin_pause_probe.py times identical
     sessions both ways); the demo now measures exactly as the benchmarks it is compared with.
     Returns {name: Timing}."""
-    from ..measure.timer import Timing, interleaved
+    from tensorplan.measure.timer import Timing, interleaved
 
     samples = interleaved(fns, rounds, burst_s=burst_s)
     return {n: Timing.from_repeats(v, warmup=1, method=f"interleaved: {rounds} rounds, random order, 50 ms "
@@ -110,11 +110,11 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
     `torch.compile` of the model's PyTorch module (zoo models and factories have one;
     `vs_torch_compile=False` skips it) as a third contender on the same inputs. `save_plan` writes
     the plan JSON there (for `tensorplan run` / `tensorplan export`)."""
-    from ..devices import resolve
-    from ..graph import load_model
-    from ..graph.analysis import graph_flops
-    from ..graph.reference import random_feeds, run_reference
-    from ..measure.timer import measure, pinned_threads
+    from tensorplan.devices import resolve
+    from tensorplan.zoo.load import load_model
+    from tensorplan.ir.analysis import graph_flops
+    from tensorplan.ir.reference import random_feeds, run_reference
+    from tensorplan.measure.timer import measure, pinned_threads
 
     t0 = time.perf_counter()
     graph = load_model(model, opset=opset)
@@ -137,7 +137,7 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
         ref_s = time.perf_counter() - t1
     per_op = ort_per_op_profile(path, feeds, threads)
 
-    from ..graph.reference import default_tolerance, rel_error
+    from tensorplan.ir.reference import default_tolerance, rel_error
 
     err = max(rel_error(ref_out[name], want) for name, want in ort_out.items())
     tol = default_tolerance(graph)
@@ -157,7 +157,7 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
 def _torch_compiled(model: str, opset: int, args: list[np.ndarray], log) -> tuple:
     """(runner, compile seconds, None) for `torch.compile` of the model's module on `args` (the
     same values ONNX Runtime gets), or (None, None, why) when there is no module or it fails."""
-    from ..graph.from_torch import torch_source
+    from tensorplan.zoo.from_torch import torch_source
 
     src = torch_source(model, opset)
     if src is None:
@@ -189,10 +189,10 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
     ONNX Runtime on the original model, interleaved."""
     import onnxruntime as ort
 
-    from ..graph.reference import default_tolerance, rel_error
-    from ..measure.timer import pinned_threads
-    from ..runtime.executor import PlanExecutor
-    from .race import orchestrate_raced
+    from tensorplan.ir.reference import default_tolerance, rel_error
+    from tensorplan.measure.timer import pinned_threads
+    from tensorplan.runtime.executor import PlanExecutor
+    from tensorplan.workflows.race import orchestrate_raced
 
     plan, _ = orchestrate_raced(model, opset=opset, cost="measured", threads=threads, progress=progress,
                                 log=log)

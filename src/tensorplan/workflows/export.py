@@ -1,7 +1,7 @@
 """A plan (or a model) as one standalone ONNX file that stock ONNX Runtime runs.
 
 Why: users deploy with ONNX Runtime, not with tensorplan. Every exact rewrite a plan relies on
-(graph/rewrite.py) is an ONNX-to-ONNX change, and when all of a plan's kernels run in ONNX
+(rewrite/rules.py) is an ONNX-to-ONNX change, and when all of a plan's kernels run in ONNX
 Runtime (on the Korch benchmark models the race keeps one region session over the whole
 rewritten graph) the rewritten model *is* the plan: `pip install onnxruntime` is all it needs.
 Where the plan also has TVM, PyTorch or Inductor kernels the file is the rewritten model without
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import TensorplanError
+from tensorplan.errors import TensorplanError
 
 META_PREFIX = "tensorplan."
 
@@ -57,7 +57,7 @@ class ExportResult:
 
 def _plan_relation(plan, source_nodes: set[str]) -> tuple[bool, str, dict[str, int], dict[str, Any]]:
     """(exact, relation, kernels outside ONNX Runtime by backend, session options of its regions)."""
-    from ..runtime.executor import DEFAULT_BACKEND
+    from tensorplan.runtime.executor import DEFAULT_BACKEND
     outside: dict[str, int] = {}
     spinning = False
     covered: set[str] = set()
@@ -91,12 +91,12 @@ def export_onnx(target: str | Path, out: str | Path, *, threads: int = 2, check:
     (`check`, max relative error <= `tol`, default `default_tolerance`) and time both in ONNX Runtime, interleaved, for `rounds`
     rounds (0: no timing). Both sessions get `threads` intra-op threads and the plan's spinning
     choice (`spinning` overrides it)."""
-    from ..graph.analysis import graph_flops
-    from ..graph.load import load_model, resolve_model_path
-    from ..graph.reference import default_tolerance
-    from ..graph.to_onnx import graph_to_onnx
-    from ..paths import atomic_write
-    from ..plan.plan import Plan
+    from tensorplan.ir.analysis import graph_flops
+    from tensorplan.zoo.load import load_model, resolve_model_path
+    from tensorplan.ir.reference import default_tolerance
+    from tensorplan.ir.to_onnx import graph_to_onnx
+    from tensorplan.paths import atomic_write
+    from tensorplan.runtime.plan import Plan
 
     say = log or (lambda msg: None)
     t_all = time.perf_counter()
@@ -114,7 +114,7 @@ def export_onnx(target: str | Path, out: str | Path, *, threads: int = 2, check:
             rewrites[rule] = rewrites.get(rule, 0) + 1
         exact, relation, outside, sess_opts = _plan_relation(plan, {n.name for n in graph.nodes})
     else:
-        from ..graph.rewrite import rewrite
+        from tensorplan.rewrite.rules import rewrite
         spec = target_s
         original = load_model(spec, input_shapes=input_shapes, opset=opset)
         rr = rewrite(original)
@@ -138,7 +138,7 @@ def export_onnx(target: str | Path, out: str | Path, *, threads: int = 2, check:
             "rewrites": json.dumps(rewrites, sort_keys=True), "ort_session": json.dumps(session, sort_keys=True)}
     if plan is not None:
         meta["plan_fingerprint"] = str(plan.source.get("fingerprint", ""))
-    from .. import __version__
+    from tensorplan import __version__
     meta["version"] = __version__
     for k, v in meta.items():
         p = model.metadata_props.add()
@@ -165,9 +165,9 @@ def _check_and_time(res: ExportResult, original_path: Path, exported, original_g
     """Fill `res.max_rel_err` (exported vs original, both in ONNX Runtime) and `res.timing`."""
     import onnx
 
-    from ..graph.reference import random_feeds, rel_error
-    from ..graph.to_onnx import ort_session
-    from ..measure.timer import interleaved, pinned_threads
+    from tensorplan.ir.reference import random_feeds, rel_error
+    from tensorplan.ir.to_onnx import ort_session
+    from tensorplan.measure.timer import interleaved, pinned_threads
 
     feeds = random_feeds(original_graph, seed=0)
     orig_model = onnx.load(str(original_path))

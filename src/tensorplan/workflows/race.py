@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..plan.orchestrate import make_cost, orchestrate, resolve_device
-from ..plan.plan import Plan
+from tensorplan.workflows.orchestrate import make_cost, orchestrate, resolve_device
+from tensorplan.runtime.plan import Plan
 
 
 @dataclass
@@ -94,7 +94,7 @@ def session_backend_variants(cands: dict[str, Plan]) -> dict[str, Plan]:
     the two backends' costs can be timed under different machine load. On YOLOX-nano the BLP chose
     two OpenVINO regions (4.1 ms predicted) while ONNX Runtime runs the same rewritten graph in 3.6
     (one interleaved run). The race times both end to end instead of trusting either profile."""
-    from ..program.openvino_kernel import available
+    from tensorplan.kernels.openvino import available
     out = dict(cands)
     for name, p in cands.items():
         if len(p.kernels) != 1 or p.kernels[0].kind != "region" or p.kernels[0].backend not in REGION_BACKENDS:
@@ -118,9 +118,9 @@ def whole_graph_inductor(plan: Plan, prim: Any, threads: int = 2) -> Plan:
     and GEMM calls across the whole graph, which no set of separately timed kernels captures; fed
     the rewritten graph (fewer FLOPs than the model as given) it can beat both ONNX Runtime and
     `torch.compile` of the original module. Its predicted time is its own solo median."""
-    from ..measure.timer import measure, pinned_threads
-    from ..plan.plan import PlanKernel, plan_buffers, verify
-    from ..program.torch_kernel import build_kernel, example_inputs
+    from tensorplan.measure.timer import measure, pinned_threads
+    from tensorplan.runtime.plan import PlanKernel, plan_buffers, verify
+    from tensorplan.kernels.torch_kernel import build_kernel, example_inputs
     import torch
     nodes = [n.name for n in prim.nodes]
     with pinned_threads(threads):
@@ -154,7 +154,7 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
     Returns (kept plan, race result or None when there was only one finalist or `race` is
     False). The kept plan records the race in `stats["race"]` and its time in `timing["race_s"]`.
     `feeds` default to `graph.reference.random_feeds` of the plan's primitive graph."""
-    from ..runtime.executor import race_plans
+    from tensorplan.runtime.executor import race_plans
 
     cm = make_cost(opts.pop("cost", None), resolve_device(opts.get("device", "local")), opts.pop("store", None))
     plan = orchestrate(model, cost=cm, log=log, **opts)
@@ -170,14 +170,14 @@ def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin:
             cands["inductor"] = whole_graph_inductor(plan, prim, threads=threads)
         except Exception as e:  # noqa: BLE001 - a graph Inductor cannot build is simply no finalist
             if log:
-                from ..errors import UnsupportedOperatorError
+                from tensorplan.errors import UnsupportedOperatorError
                 why = (f"{type(e).__name__}: {str(e)[:200]}" if not isinstance(e, UnsupportedOperatorError) else
                        "no PyTorch rule for " + ", ".join(f"{op} (node '{name}')" for name, op in e.ops[:5]))
                 log(f"race: no Inductor finalist ({why})")
     if len(cands) == 1:
         return plan, None
     if feeds is None:
-        from ..graph.reference import random_feeds
+        from tensorplan.ir.reference import random_feeds
         feeds = random_feeds(prim, seed=0)
     _, med = race_plans(cands, prim, feeds, threads=threads, rounds=rounds, burst_s=burst_s)
     n_kernels = {k: len(p.kernels) for k, p in cands.items()}

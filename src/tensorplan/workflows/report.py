@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .demo import DemoReport
+    from tensorplan.workflows.demo import DemoReport
 
 BACKEND_COLOURS = {"tvm": "#1f77b4", "ort": "#ff7f0e", "onnxruntime": "#ff7f0e", "torch": "#2ca02c",
                    "reference": "#7f7f7f", "opaque": "#d62728"}

@@ -1,0 +1,627 @@
+"""ONNX -> static-shape `Graph` (opsets 11..21).
+
+Steps: load (errors name the file) -> check opset/domains -> inline local functions
+and constant-condition `If`s -> repeat {onnx shape inference (strict, data_prop) on a
+weight-free skeleton; fold every node whose inputs are constant, and `Shape`/`Size` of
+static tensors} until nothing changes -> shapes left unknown are found by running the
+reference executor on zeros -> every tensor has a static shape.
+
+Dynamic models become static with `input_shapes` (`--input-shape x=1,3,224,224`);
+a symbolic input dimension without an override is an error that names it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from tensorplan.errors import ModelImportError, TensorplanError, UnsupportedOperatorError
+from tensorplan.ir.graph import Graph, Node, Tensor, unique_name
+from tensorplan.ir.ort_node import ort_has_kernel
+from tensorplan.ir.reference import ONNX_TO_NP, OPS, _OPSET, is_foreign, run_node, run_reference
+
+MIN_OPSET, MAX_OPSET = 11, 21
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+# Ops never folded even with constant inputs (random or stateful).
+_NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+            "Multinomial", "Bernoulli"}
+# Constants at most this many elements go into the inference skeleton as data
+# (shape arithmetic needs their values); bigger ones go in as typed inputs.
+_SKELETON_DATA_LIMIT = 4096
+
+
+def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """`["x=1,3,224,224", "ids=1x128"]` -> `{"x": (1,3,224,224), "ids": (1,128)}`."""
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in specs or []:
+        if "=" not in spec:
+            raise ModelImportError(
+                f"--input-shape '{spec}': expected NAME=D1,D2,... (e.g. x=1,3,224,224)")
+        name, dims = spec.rsplit("=", 1)
+        name = name.strip()
+        parts = [p for p in dims.replace("x", ",").replace(" ", "").split(",") if p != ""]
+        try:
+            shape = tuple(int(p) for p in parts)
+        except ValueError:
+            raise ModelImportError(
+                f"--input-shape '{spec}': dimensions must be integers (e.g. {name}=1,3,224,224)")
+        if not name or any(d < 0 for d in shape):
+            raise ModelImportError(f"--input-shape '{spec}': need a name and non-negative dims")
+        out[name] = shape
+    return out
+
+
+# ------------------------------------------------------------------ loading
+def load_proto(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str, Path | None]:
+    """The ModelProto (external data not loaded), a label for errors, and the folder external data
+    is relative to. A missing, empty or corrupt file is one `ModelImportError` naming it."""
+    if isinstance(model, onnx.ModelProto):
+        return model, f"model '{model.graph.name or 'in memory'}'", None
+    path = Path(model)
+    label = str(path)
+    if not path.exists():
+        raise ModelImportError(f"{label}: no such file")
+    if path.is_dir():
+        raise ModelImportError(f"{label}: is a directory, expected an .onnx file")
+    data = path.read_bytes()
+    if not data:
+        raise ModelImportError(f"{label}: file is empty, not an ONNX model")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as e:
+        raise ModelImportError(
+            f"{label}: not a valid ONNX model (truncated or corrupt protobuf: {e})") from None
+    return proto, label, path.parent
+
+
+def _load_external(proto: onnx.ModelProto, label: str, base: Path | None) -> None:
+    ext = [t for t in proto.graph.initializer
+           if t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL]
+    if not ext:
+        return
+    for t in ext:
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location")
+        if not loc:
+            raise ModelImportError(f"{label}: initializer '{t.name}' has external data without a location")
+        if base is None:
+            raise ModelImportError(
+                f"{label}: initializer '{t.name}' keeps its data in external file '{loc}'; "
+                "pass the model's path instead of a ModelProto")
+        f = base / loc
+        if not f.exists():
+            raise ModelImportError(
+                f"{label}: external data file '{f}' (for initializer '{t.name}') is missing; "
+                "keep it next to the .onnx file")
+    try:
+        from onnx.external_data_helper import load_external_data_for_model
+        load_external_data_for_model(proto, str(base))
+    except Exception as e:
+        raise ModelImportError(f"{label}: cannot read external data: {e}") from None
+
+
+def _check_opset(proto: onnx.ModelProto, label: str) -> int:
+    versions = {o.domain: o.version for o in proto.opset_import}
+    v = versions.get("", versions.get("ai.onnx"))
+    if v is None:
+        if not proto.opset_import and proto.ir_version and proto.ir_version < 3:
+            v = 1
+        else:
+            raise ModelImportError(
+                f"{label}: declares no default-domain opset (opset_import is "
+                f"{dict(versions) or 'empty'}); not a usable ONNX model")
+    if not MIN_OPSET <= v <= MAX_OPSET:
+        raise ModelImportError(
+            f"{label}: opset {v} is outside the supported range {MIN_OPSET}..{MAX_OPSET}; "
+            f"re-export the model with an opset in that range")
+    return int(v)
+
+
+# ------------------------------------------------------------------ proto -> IR pieces
+def _attr_value(a: onnx.AttributeProto, where: str) -> Any:
+    T = onnx.AttributeProto
+    if a.type == T.FLOAT:
+        return float(a.f)
+    if a.type == T.INT:
+        return int(a.i)
+    if a.type == T.STRING:
+        return a.s.decode("utf-8", errors="replace")
+    if a.type == T.TENSOR:
+        return _to_array(a.t, where)
+    if a.type == T.GRAPH:
+        return a.g
+    if a.type == T.FLOATS:
+        return [float(v) for v in a.floats]
+    if a.type == T.INTS:
+        return [int(v) for v in a.ints]
+    if a.type == T.STRINGS:
+        return [s.decode("utf-8", errors="replace") for s in a.strings]
+    if a.type == T.TENSORS:
+        return [_to_array(t, where) for t in a.tensors]
+    raise ModelImportError(f"{where}: attribute '{a.name}' has unsupported type "
+                           f"{onnx.AttributeProto.AttributeType.Name(a.type) if a.type in T.AttributeType.values() else a.type}")
+
+
+def _to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
+    if t.data_type not in ONNX_TO_NP and t.data_type != onnx.TensorProto.BFLOAT16:
+        raise ModelImportError(
+            f"{where}: tensor '{t.name}' has unsupported element type "
+            f"{onnx.TensorProto.DataType.Name(t.data_type) if t.data_type in onnx.TensorProto.DataType.values() else t.data_type}")
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:
+        raise ModelImportError(f"{where}: tensor '{t.name}' cannot be decoded: {e}") from None
+    if t.data_type == onnx.TensorProto.BFLOAT16:
+        arr = np.asarray(arr, dtype=np.float32)
+    if arr.flags.owndata and arr.flags.writeable and arr.flags.c_contiguous:
+        return arr  # already a private copy (no second copy of big weights)
+    return np.array(arr)
+
+
+def _dims_of(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    dims: list[int | str | None] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return dims
+
+
+def _np_dtype_name(elem: int, where: str) -> str:
+    if elem == onnx.TensorProto.BFLOAT16:
+        return "float32"
+    dt = ONNX_TO_NP.get(elem)
+    if dt is None:
+        raise ModelImportError(
+            f"{where}: element type "
+            f"{onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else elem}"
+            " is not supported")
+    return np.dtype(dt).name
+
+
+class _State:
+    """Mutable import state: nodes, constants, input types, discovered shapes."""
+
+    def __init__(self, label: str, opset: int):
+        self.label = label
+        self.opset = opset
+        self.nodes: list[Node] = []
+        self.consts: dict[str, np.ndarray] = {}
+        self.inputs: list[str] = []
+        self.input_types: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.outputs: list[str] = []
+        self.output_elem: dict[str, int] = {}
+        self.shapes: dict[str, tuple[str, tuple[int, ...] | None]] = {}
+        self.names: set[str] = set()
+        self.domain_opsets: dict[str, int] = {}
+
+
+def _add_nodes(st: _State, nodes, prefix: str = "") -> None:
+    for k, p in enumerate(nodes):
+        base = (prefix + p.name) if p.name else f"{prefix}{p.op_type or 'node'}_{len(st.nodes) + k}"
+        name = unique_name(st.names, base)
+        st.names.add(name)
+        where = f"{st.label}: node '{name}' ({p.op_type})"
+        attrs = {a.name: _attr_value(a, where) for a in p.attribute}
+        if not p.op_type:
+            raise ModelImportError(f"{where}: node has no op_type")
+        if p.op_type == "Constant" and p.domain in _DEFAULT_DOMAINS:
+            if len(p.output) != 1 or not p.output[0]:
+                raise ModelImportError(f"{where}: Constant must have exactly one output")
+            if "sparse_value" in attrs or any(k in attrs for k in ("value_string", "value_strings")):
+                raise ModelImportError(f"{where}: string/sparse Constant values are not supported")
+            val = run_node(Node(name, "Constant", [], list(p.output), attrs), [])[0]
+            st.consts[p.output[0]] = val
+            continue
+        st.nodes.append(Node(name, p.op_type, list(p.input), list(p.output), attrs,
+                             "" if p.domain in _DEFAULT_DOMAINS else p.domain))
+
+
+def _parse(proto: onnx.ModelProto, label: str, opset: int) -> _State:
+    g = proto.graph
+    st = _State(label, opset)
+    st.domain_opsets = {o.domain: int(o.version) for o in proto.opset_import
+                        if o.domain not in _DEFAULT_DOMAINS}
+    if len(g.sparse_initializer):
+        raise ModelImportError(f"{label}: sparse initializers are not supported")
+    for t in g.initializer:
+        if not t.name:
+            raise ModelImportError(f"{label}: an initializer has no name")
+        st.consts[t.name] = _to_array(t, label)
+    for vi in g.input:
+        if vi.name in st.consts:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise ModelImportError(f"{label}: input '{vi.name}' is not a tensor (sequences/maps "
+                                   "are not supported)")
+        st.inputs.append(vi.name)
+    _add_nodes(st, g.node)
+    for vi in g.output:
+        if not vi.name:
+            raise ModelImportError(f"{label}: a graph output has no name")
+        st.outputs.append(vi.name)
+        if vi.type.HasField("tensor_type"):
+            st.output_elem[vi.name] = vi.type.tensor_type.elem_type
+    if not st.outputs:
+        raise ModelImportError(f"{label}: graph has no outputs")
+    return st
+
+
+def _resolve_inputs(st: _State, proto: onnx.ModelProto,
+                    input_shapes: dict[str, tuple[int, ...]] | None) -> None:
+    overrides = dict(input_shapes or {})
+    unknown = [k for k in overrides if k not in st.inputs]
+    if unknown:
+        raise ModelImportError(
+            f"{st.label}: --input-shape names {unknown}, but the model's inputs are {st.inputs}")
+    by_name = {vi.name: vi for vi in proto.graph.input}
+    for name in st.inputs:
+        vi = by_name[name]
+        dtype = _np_dtype_name(vi.type.tensor_type.elem_type, f"{st.label}: input '{name}'")
+        if name in overrides:
+            shape = tuple(int(d) for d in overrides[name])
+            dims = _dims_of(vi)
+            if dims is not None and len(dims) != len(shape):
+                raise ModelImportError(
+                    f"{st.label}: --input-shape {name}={','.join(map(str, shape))} has rank "
+                    f"{len(shape)} but input '{name}' has rank {len(dims)} ({_fmt_dims(dims)})")
+        else:
+            dims = _dims_of(vi)
+            if dims is None:
+                raise ModelImportError(
+                    f"{st.label}: input '{name}' has no shape; pass --input-shape {name}=D1,D2,...")
+            for k, d in enumerate(dims):
+                if not isinstance(d, int):
+                    label = f"'{d}'" if isinstance(d, str) and d else "unknown"
+                    open_ = [f"D{j}" if not (isinstance(x, str) and x) else x.upper()
+                             for j, x in enumerate(dims) if not isinstance(x, int)]
+                    it = iter(open_)
+                    pattern = ",".join(str(x) if isinstance(x, int) else next(it) for x in dims)
+                    raise ModelImportError(
+                        f"{st.label}: input '{name}' has a symbolic dimension {label} at index {k} "
+                        f"(shape {_fmt_dims(dims)}); make it static with "
+                        f"--input-shape {name}={pattern}, giving {', '.join(open_)} the sizes you run it at")
+            shape = tuple(int(d) for d in dims)
+        st.input_types[name] = (dtype, shape)
+        st.shapes[name] = (dtype, shape)
+
+
+def _fmt_dims(dims: list) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+# ------------------------------------------------------------------ If inlining
+def _inline_constant_ifs(st: _State) -> bool:
+    changed = False
+    out: list[Node] = []
+    for n in st.nodes:
+        if n.op == "If" and n.inputs and n.inputs[0] in st.consts:
+            cond = bool(np.asarray(st.consts[n.inputs[0]]).reshape(-1)[0])
+            branch = n.attrs.get("then_branch" if cond else "else_branch")
+            if not isinstance(branch, onnx.GraphProto):
+                raise ModelImportError(f"{st.label}: node '{n.name}' (If) has no branch graph")
+            sub = _State(st.label, st.opset)
+            sub.names = st.names
+            for t in branch.initializer:
+                st.consts[t.name] = _to_array(t, st.label)
+            _add_nodes(sub, branch.node, prefix=f"{n.name}/")
+            st.consts.update(sub.consts)
+            out.extend(sub.nodes)
+            for src, dst in zip([o.name for o in branch.output], n.outputs):
+                if dst:
+                    ident = unique_name(st.names, f"{n.name}/out_{dst}")
+                    st.names.add(ident)
+                    out.append(Node(ident, "Identity", [src], [dst]))
+            changed = True
+        else:
+            out.append(n)
+    st.nodes = out
+    return changed
+
+
+# ------------------------------------------------------------------ shape inference
+def _skeleton(st: _State) -> onnx.ModelProto:
+    """The current graph without big weights: inference needs only their types/shapes."""
+    from tensorplan.ir.to_onnx import node_to_proto, onnx_dtype
+    used = {i for n in st.nodes for i in n.inputs if i} | set(st.outputs)
+    # outer-scope names read inside remaining subgraphs (If/Loop bodies)
+    for n in st.nodes:
+        for v in n.attrs.values():
+            if isinstance(v, onnx.GraphProto):
+                used |= _subgraph_reads(v)
+    inputs = [helper.make_tensor_value_info(k, onnx_dtype(d), list(s))
+              for k, (d, s) in st.input_types.items()]
+    inits = []
+    for k, v in st.consts.items():
+        if k not in used:
+            continue
+        if v.size <= _SKELETON_DATA_LIMIT:
+            inits.append(numpy_helper.from_array(v, k))
+        else:
+            inputs.append(helper.make_tensor_value_info(k, onnx_dtype(v.dtype.name), list(v.shape)))
+    outputs = []
+    for o in st.outputs:
+        elem = st.output_elem.get(o, 0)
+        outputs.append(helper.make_tensor_value_info(o, elem, None))
+    nodes = [node_to_proto(n, st.opset) for n in st.nodes]
+    g = helper.make_graph(nodes, "skeleton", inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", st.opset)])
+    m.ir_version = 9
+    return m
+
+
+def _subgraph_reads(g: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+    reads: set[str] = set()
+    for n in g.node:
+        for i in n.input:
+            if i and i not in defined:
+                reads.add(i)
+        defined |= set(n.output)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                reads |= _subgraph_reads(a.g) - defined
+    return reads
+
+
+def _infer(st: _State) -> str | None:
+    """Run onnx shape inference; record static shapes. Returns the strict-mode error, if any."""
+    model = _skeleton(st)
+    strict_err = None
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                     data_prop=True)
+    except Exception as e:
+        strict_err = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception:
+            return strict_err
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        elem = vi.type.tensor_type.elem_type
+        dims = _dims_of(vi)
+        dtype = None
+        if elem:
+            try:
+                dtype = _np_dtype_name(elem, st.label)
+            except ModelImportError:
+                dtype = None
+        shape = tuple(dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
+        prev = st.shapes.get(vi.name)
+        if prev is not None and prev[1] is not None and shape is None:
+            continue
+        st.shapes[vi.name] = (dtype or (prev[0] if prev else None), shape)
+    return strict_err
+
+
+# ------------------------------------------------------------------ constant folding
+def _fold(st: _State) -> bool:
+    """Fold nodes with constant inputs and Shape/Size of static tensors. True if changed."""
+    changed = False
+    keep: list[Node] = []
+    token = _OPSET.set(st.opset)
+    try:
+        for n in st.nodes:
+            ins = [i for i in n.inputs if i]
+            has_graph = any(isinstance(v, onnx.GraphProto) for v in n.attrs.values())
+            val: list | None = None
+            if n.op in ("Shape", "Size") and not n.domain and ins:
+                src = st.consts.get(ins[0])
+                shape = src.shape if src is not None else (st.shapes.get(ins[0]) or (None, None))[1]
+                if shape is not None:
+                    # only the shape matters: a zero-stride view allocates nothing
+                    shape_only = np.broadcast_to(np.zeros((), np.uint8), tuple(shape))
+                    val = run_node(n, [shape_only])
+            elif (all(i in st.consts for i in ins) and n.op in OPS and not n.domain
+                  and n.op not in _NO_FOLD and not has_graph):
+                try:
+                    val = run_node(n, [st.consts[i] if i else None for i in n.inputs])
+                except TensorplanError as e:
+                    raise ModelImportError(f"{st.label}: constant folding failed: {e}") from None
+            if val is None:
+                keep.append(n)
+                continue
+            for name, v in zip(n.outputs, val):
+                if name:
+                    st.consts[name] = np.asarray(v)
+            changed = True
+    finally:
+        _OPSET.reset(token)
+    st.nodes = keep
+    return changed
+
+
+def _toposort(st: _State) -> None:
+    """Topological order; a read of a never-defined tensor is an error naming it."""
+    produced = {o: k for k, n in enumerate(st.nodes) for o in n.outputs if o}
+    available = set(st.inputs) | set(st.consts)
+    for k, n in enumerate(st.nodes):
+        for i in n.inputs:
+            if i and i not in produced and i not in available:
+                raise ModelImportError(
+                    f"{st.label}: node '{n.name}' ({n.op}) reads '{i}', which no node, input or "
+                    "initializer defines")
+    for o in st.outputs:
+        if o not in produced and o not in available:
+            raise ModelImportError(f"{st.label}: graph output '{o}' is never produced")
+    g = Graph("tmp", st.opset)
+    for name in available:
+        g.tensors[name] = Tensor(name, (), "float32", np.zeros(()) if name in st.consts else None)
+    g.inputs = list(st.inputs)
+    g.nodes = st.nodes
+    try:
+        g.toposort()
+    except TensorplanError as e:
+        raise ModelImportError(f"{st.label}: {e}") from None
+    st.nodes = g.nodes
+
+
+def _runnable(st: _State, n: Node) -> bool:
+    """A node tensorplan can execute: the reference executor has the op, or ONNX Runtime's CPU
+    provider has a kernel for it (a *foreign* node, run one node at a time by `ort_node`)."""
+    return not is_foreign(n) or ort_has_kernel(n.op, n.domain, st.opset, st.domain_opsets)
+
+
+def _check_domains(st: _State, allow_unsupported: bool) -> None:
+    foreign = [(n.name, f"{n.domain}::{n.op}") for n in st.nodes
+               if n.domain and not _runnable(st, n)]
+    if foreign and not allow_unsupported:
+        lines = ", ".join(f"'{name}' ({op})" for name, op in foreign[:20])
+        more = f" and {len(foreign) - 20} more" if len(foreign) > 20 else ""
+        raise ModelImportError(
+            f"{st.label}: {len(foreign)} node(s) use operators of non-default domains that neither "
+            f"tensorplan nor ONNX Runtime's CPU provider implement: {lines}{more}; re-export "
+            "without these custom ops")
+
+
+# ------------------------------------------------------------------ main entry
+def import_onnx(model: str | Path | onnx.ModelProto,
+                input_shapes: dict[str, tuple[int, ...]] | None = None,
+                *, allow_unsupported: bool = False, name: str | None = None) -> Graph:
+    """Import an ONNX model as a static-shape `Graph` with constants folded.
+
+    `allow_unsupported=True` keeps nodes whose op the reference executor lacks
+    (for `tensorplan inspect`, which reports them); otherwise they raise one
+    `UnsupportedOperatorError` listing all of them."""
+    label = str(model) if not isinstance(model, onnx.ModelProto) else "model"
+    try:
+        return _import(model, input_shapes, allow_unsupported, name)
+    except TensorplanError:
+        raise
+    except RecursionError:
+        raise ModelImportError(f"{label}: model is nested too deeply to import") from None
+    except MemoryError:
+        raise ModelImportError(f"{label}: model does not fit in memory") from None
+    except Exception as e:  # anything else from a malformed file: one line, no traceback
+        raise ModelImportError(f"{label}: cannot import ({type(e).__name__}: {e})") from None
+
+
+def _import(model, input_shapes, allow_unsupported, name) -> Graph:
+    proto, label, base = load_proto(model)
+    if not proto.HasField("graph"):
+        raise ModelImportError(f"{label}: not an ONNX model (no graph; truncated or a different file type)")
+    opset = _check_opset(proto, label)
+    _load_external(proto, label, base)
+    if len(proto.functions):
+        try:
+            from onnx import inliner
+            proto = inliner.inline_local_functions(proto)
+        except Exception as e:
+            raise ModelImportError(f"{label}: cannot inline local functions: {e}") from None
+    st = _parse(proto, label, opset)
+    _check_domains(st, allow_unsupported)
+    _resolve_inputs(st, proto, input_shapes)
+    _toposort(st)
+
+    strict_err = None
+    for _ in range(12):
+        changed = _inline_constant_ifs(st)
+        if changed:
+            _toposort(st)
+        strict_err = _infer(st)
+        changed |= _fold(st)
+        if not changed:
+            break
+    # subgraph ops that did not fold away cannot be represented
+    sub = [(n.name, n.op) for n in st.nodes
+           if any(isinstance(v, onnx.GraphProto) for v in n.attrs.values())]
+    if sub and not allow_unsupported:
+        names = ", ".join(f"'{a}' ({b})" for a, b in sub[:10])
+        raise ModelImportError(
+            f"{label}: {len(sub)} node(s) with sub-graphs could not be constant-folded: {names}; "
+            "control flow (If/Loop/Scan) is only supported when its condition/trip count is "
+            "constant — re-export with the control flow traced out")
+    unsupported = [(n.name, n.op) for n in st.nodes if not _runnable(st, n)]
+    if unsupported and not allow_unsupported:
+        raise UnsupportedOperatorError(unsupported, label)
+
+    _fill_missing_shapes(st, strict_err, unsupported)
+    return _build_graph(st, proto, name)
+
+
+def _fill_missing_shapes(st: _State, strict_err: str | None, unsupported: list) -> None:
+    missing = [o for n in st.nodes for o in n.outputs
+               if o and (st.shapes.get(o) is None or st.shapes[o][1] is None or st.shapes[o][0] is None)]
+    if not missing:
+        return
+    if unsupported:
+        bad = [o for o in missing][:5]
+        raise ModelImportError(
+            f"{st.label}: shapes of {bad} cannot be inferred"
+            + (f" (shape inference: {strict_err})" if strict_err else "")
+            + "; they depend on unsupported operators")
+    # Run the graph on zeros to learn the remaining shapes (data-dependent ops included).
+    g = _graph_from_state(st, with_shapes=False)
+    feeds = {i: np.zeros(st.input_types[i][1], dtype=st.input_types[i][0]) for i in st.inputs}
+    try:
+        env = run_reference(g, feeds, keep_all=True)
+    except TensorplanError as e:
+        msg = f"{st.label}: cannot determine static shapes"
+        if strict_err:
+            msg += f" (shape inference: {strict_err})"
+        raise ModelImportError(f"{msg}: {e}") from None
+    # A second run on other values: a shape that changes is data-dependent, not static.
+    from tensorplan.ir.reference import random_feeds
+    env2 = run_reference(g, random_feeds(g, seed=1), keep_all=True)
+    producer = {o: n for n in st.nodes for o in n.outputs if o}
+    for o in missing:
+        if o not in env:
+            continue
+        a, b = np.asarray(env[o]), np.asarray(env2[o])
+        if a.shape != b.shape:
+            n = producer[o]
+            raise ModelImportError(
+                f"{st.label}: output '{o}' of node '{n.name}' ({n.op}) has a data-dependent shape "
+                f"({a.shape} vs {b.shape} for different input values); tensorplan needs static "
+                "shapes — make the shape-controlling inputs constants")
+        st.shapes[o] = (a.dtype.name, tuple(a.shape))
+
+
+def _graph_from_state(st: _State, with_shapes: bool = True, name: str = "graph") -> Graph:
+    g = Graph(name, st.opset)
+    g.domain_opsets = dict(st.domain_opsets)
+    for k, v in st.consts.items():
+        g.add_tensor(Tensor(k, tuple(int(d) for d in v.shape), v.dtype.name, v))
+    for i in st.inputs:
+        d, s = st.input_types[i]
+        g.add_tensor(Tensor(i, s, d))
+    g.inputs = list(st.inputs)
+    for n in st.nodes:
+        g.add_node(n)
+        for o in n.outputs:
+            if o:
+                dt, shp = st.shapes.get(o, (None, None))
+                if with_shapes:
+                    g.add_tensor(Tensor(o, tuple(int(d) for d in shp), dt or "float32"))
+                else:
+                    g.add_tensor(Tensor(o, (), dt or "float32"))
+    g.outputs = list(st.outputs)
+    return g
+
+
+def _build_graph(st: _State, proto: onnx.ModelProto, name: str | None) -> Graph:
+    gname = name or proto.graph.name or "graph"
+    for n in st.nodes:
+        for o in n.outputs:
+            if o:
+                dt, shp = st.shapes.get(o, (None, None))
+                if shp is None or dt is None:
+                    raise ModelImportError(
+                        f"{st.label}: output '{o}' of node '{n.name}' ({n.op}) has no static shape")
+    g = _graph_from_state(st, True, gname)
+    g.prune()
+    try:
+        g.validate()
+    except TensorplanError as e:
+        raise ModelImportError(f"{st.label}: {e}") from None
+    return g

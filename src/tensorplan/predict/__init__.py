@@ -1,7 +1,0 @@
-"""Latency prediction: CDMPP's compact-AST features and dataset (`features`, `dataset`, `tasks`),
-the CDMPP model and baselines (`cdmpp`, `baselines`, `evaluate`).
-
-Submodules import TVM / torch lazily; import what you need, e.g.
-`from tensorplan.predict.features import compact_ast` or
-`from tensorplan.predict.dataset import load_dataset`.
-"""
