@@ -70,7 +70,7 @@ def _quantized(src: str, out: Path, fmt: str) -> str:
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
                                           quantize_static)
 
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     if fmt == "dynamic":
         quantize_dynamic(src, str(out), weight_type=QuantType.QInt8)
         return str(out)
@@ -118,7 +118,7 @@ def _contrib_mlp(out: Path) -> str:
 
 
 def models(work: Path) -> dict[str, str]:
-    from tensorplan.zoo.load import resolve_model_path
+    from tensorplan.zoo.specs import resolve_model_path
     (work / "beyond_zoo_models.py").write_text(FACTORIES)
     r50 = str(resolve_model_path("resnet-50"))
     return {"resnet-50 int8 dynamic": _quantized(r50, work / "r50_dyn.onnx", "dynamic"),

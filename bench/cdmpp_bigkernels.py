@@ -9,9 +9,9 @@ the user's CPU*). The predictions saturate near the largest label they learnt.
 A second collection pass times what the first skipped: the programs the export does not hold
 (`--exclude-data`), with a 2 s cap, on tasks of at least 1e8 FLOPs. On a Zen 4 host:
 
-    tensorplan dataset collect --prefix zen4 --max-kernel-ms 2000 --min-task-flops 1e8 \\
+    tensorplan predictor dataset collect --prefix zen4 --max-kernel-ms 2000 --min-task-flops 1e8 \\
         --exclude-data data/cdmpp --programs-per-task 24 --store ~/.cache/tensorplan/big-zen4.sqlite
-    tensorplan dataset export --store ~/.cache/tensorplan/big-zen4.sqlite --out data/cdmpp-big-zen4
+    tensorplan predictor dataset export --store ~/.cache/tensorplan/big-zen4.sqlite --out data/cdmpp-big-zen4
     python bench/cdmpp_bigkernels.py --extra data/cdmpp-big-zen4 --devices zen4-1t,zen4-2t
 
 Each model and seed is trained twice on the domains `--devices` (+ `--also-train`), without and
@@ -54,7 +54,7 @@ def checked_kernels(check: Path, host: str) -> dict[str, dict[str, dict]]:
 def network_arrays(networks: list[str], dom: str, specs: dict) -> dict[str, tuple[list[str], np.ndarray, object]]:
     """{network: (task keys, calls, ProgramArrays)} of each kernel's default schedule, featurised once,
     on domain `dom` as the dataset's `specs` record it."""
-    from tensorplan.zoo.load import resolve_model
+    from tensorplan.zoo.specs import resolve_model
     from tensorplan.cdmpp.predict import network_programs, static_onnx
 
     out = {}

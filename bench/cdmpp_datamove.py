@@ -10,9 +10,9 @@ The grid's records must come from the CPU the test records come from, so this ru
 measured on this very machine type. Records are collected under a prefix and exported as their
 own dataset directory:
 
-    tensorplan dataset collect --networks datamove-grid --prefix zen4 --programs-per-task 8 \\
+    tensorplan predictor dataset collect --networks datamove-grid --prefix zen4 --programs-per-task 8 \\
         --store ~/.cache/tensorplan/datamove-zen4.sqlite
-    tensorplan dataset export --store ~/.cache/tensorplan/datamove-zen4.sqlite --out data/cdmpp-datamove-zen4
+    tensorplan predictor dataset export --store ~/.cache/tensorplan/datamove-zen4.sqlite --out data/cdmpp-datamove-zen4
     python bench/cdmpp_datamove.py --extra data/cdmpp-datamove-zen4 --devices zen4-1t,zen4-2t
 
 Each model and seed is trained twice on the held-out-network split of those domains (the harness's

@@ -1,6 +1,6 @@
 """Per-program latency ratio between two device domains of the committed dataset (same programs).
 
-Why: a second machine's domain (`tensorplan dataset measure-device`) re-times the same schedules,
+Why: a second machine's domain (`tensorplan predictor dataset measure-device`) re-times the same schedules,
 so the ratio per program shows how far one device factor is from describing the new device. The
 oracle floors say what a device transfer can reach even knowing every program's latency on A
 exactly: B predicted as A times the best single factor, or the best factor per task (both fitted on

@@ -3,7 +3,7 @@
 For each split (the harness's held-out-network split and its sample split) and each model
 (CDMPP with CMD, CDMPP without CMD, XGBoost with bagging), K members are trained with seeds
 0..K-1 under the harness's budget (`--seconds` per CDMPP member; the same records, validation
-and unlabelled target set as `tensorplan evaluate`). Scored on the test set: member 0 alone (the
+and unlabelled target set as `tensorplan predictor evaluate`). Scored on the test set: member 0 alone (the
 single model), the mean over members of their own scores, the ensemble's geometric mean
 (shrink 0) and the ensemble's point estimate exp(mean log - shrink * var log) for shrink 1 (the
 default) and 2. Members train two at a time in separate processes (one torch thread each).
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"   # what `tensorplan evaluate` holds out (docs/cdmpp.md)
+HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"   # what `tensorplan predictor evaluate` holds out (docs/cdmpp.md)
 DEVICES = "local-1t,local-2t"                        # the collection CPU's domains (what the runs used)
 # CDMPP members: CDMPP(...) keyword arguments; XGBoost members (bagged rows and columns): TenSetXGB(...) ones
 MODELS = {"cdmpp": {"cmd_alpha": 1.0}, "cdmpp-nocmd": {"cmd_alpha": 0.0}}

@@ -1,12 +1,12 @@
 """Held-out device from one source domain vs from several (CDMPP's cross-device recipe).
 
 CDMPP pre-trains on every device but the target, so its device-feature path sees devices vary;
-with one source domain that path sees a single vector. This runs `tensorplan evaluate --splits
+with one source domain that path sees a single vector. This runs `tensorplan predictor evaluate --splits
 device` for each target with one source (the same CPU's matching thread count on the Zen 5 host)
 and with every domain of the other machines, same models, same few-shot selections (the target
 side of the split does not depend on the sources), and tabulates MAPE.
 
-Each run is one `tensorplan evaluate` call writing `<results-dir>/<target>_<variant>.json`; runs
+Each run is one `tensorplan predictor evaluate` call writing `<results-dir>/<target>_<variant>.json`; runs
 whose JSON exists are skipped (resumable), `--summarize-only` just rebuilds the table.
 
     python bench/cdmpp_multisource.py            # ~6 min per run on the 2-core VM, 9 runs

@@ -67,7 +67,7 @@ def lono(path: Path, min_ms: float) -> dict:
 
 def shipped_factor(weights: Path | None, data: str) -> tuple[object, dict]:
     """(model, {factor, median and mean of measured / predicted, records}): the saved model's `totals.mean_factor` on the validation
-    records `tensorplan train` held out when it trained it (seed 0: 5 % of the stable records of its
+    records `tensorplan predictor train` held out when it trained it (seed 0: 5 % of the stable records of its
     domains in `data`; the shipped model's were its training command's --data)."""
     from tensorplan.cdmpp.model import SHIPPED_MODEL, as_arrays, load_estimator
     from tensorplan.cdmpp.dataset import load_dataset

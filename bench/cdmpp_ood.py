@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"  # what `tensorplan evaluate` picked (seed 0, 16 networks)
+HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"  # what `tensorplan predictor evaluate` picked (seed 0, 16 networks)
 
 
 def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keyword arguments."),

@@ -1,7 +1,7 @@
 """`tensorplan predict --tuned N --measure` over several networks: the model as a tuner's cost model.
 
 Why: `predict` sums each kernel's default schedule (its first design-space sample), which runs
-~2-3x slower than the kernel's best sampled schedule (`tensorplan dataset stats`). With `--tuned N`
+~2-3x slower than the kernel's best sampled schedule (`tensorplan predictor dataset stats`). With `--tuned N`
 the model ranks each kernel's first N samples without timing any and keeps the predicted-fastest.
 This script times, on this CPU, the default schedules and the model's picks for each network,
 so the speed-up the picks buy, the kernels they make slower, and how well the tuned total is
@@ -10,13 +10,13 @@ tiny-linear-attention) are the fair test: for the others, the shipped model has 
 programs' labels in training.
 
 `--weights` checks another predictor's picks on the same kernels, e.g. one trained with the
-within-task ranking term (`tensorplan train --rank 0.3`) against one trained without it.
+within-task ranking term (`tensorplan predictor train --rank 0.3`) against one trained without it.
 
 One JSON line per (network, host, N, label), appended when done, so a killed run resumes;
 `--summary` writes the summary JSON and prints the markdown table of docs/cdmpp.md.
 
     python bench/cdmpp_tuned_check.py --tuned 32          # about 15 min on a 2-core VM
-    tensorplan train --max-time 300 --out base300.pt && tensorplan train --rank 0.3 --max-time 300 --out rank300.pt
+    tensorplan predictor train --max-time 300 --out base300.pt && tensorplan predictor train --rank 0.3 --max-time 300 --out rank300.pt
     python bench/cdmpp_tuned_check.py --weights base300.pt --label base300 --models tiny-style,tiny-linear-attention,yolov4
     python bench/cdmpp_tuned_check.py --weights rank300.pt --label rank300 --models tiny-style,tiny-linear-attention,yolov4
     python bench/cdmpp_tuned_check.py --oracle --models tiny-style,tiny-linear-attention   # every candidate timed
@@ -77,7 +77,7 @@ def oracle(networks: list[str], tuned: int, threads: int, out: Path) -> None:
     import tvm
 
     from tensorplan.devices.detect import cpu_info
-    from tensorplan.zoo.load import resolve_model
+    from tensorplan.zoo.specs import resolve_model
     from tensorplan.cdmpp.dataset import init_pool, time_module
     from tensorplan.cdmpp.predict import MEASURE_TIMER, static_onnx, task_schedules
     from tensorplan.cdmpp.tasks import network_tasks_and_gaps

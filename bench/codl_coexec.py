@@ -23,7 +23,7 @@ OUT = ROOT / "bench" / "results" / "codl_coexec.json"
 
 
 def main() -> None:
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.codl.partition import extract_ops
     from tensorplan.codl.coexecutor import CoexecJob, ProcessPair, epilogue_specs, fit_local_cost, memory_overhead, op_weights, reference_output
 

@@ -19,7 +19,7 @@ MODELS = ("retinaface", "yolov2", "vgg-16", "posenet", "candy")
 
 
 def main() -> None:
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.codl.simulate import PROFILE_DIR, SOCS, SYSTEMS, calibrate, plan_for, simulate
     from tensorplan.codl.partition import CoexecCost, chain_links, extract_ops, plan_ops, regret
     from tensorplan.codl.simulate import sharing_model

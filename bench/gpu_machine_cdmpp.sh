@@ -9,17 +9,17 @@
 # then `$0 gpu MINUTES`, `$0 cpu MINUTES`, `$0 features [N]`, `$0 scaling [N]`, `$0 out` in the same or later calls while the machine
 # stays warm (stores live in /tmp and are resumable).  Build the pieces here with `$0 pack`;
 # the programs to time go in the last piece (PROGRAMS=.tvmpack/pK/FILE.parquet), e.g. from
-#   tensorplan dataset sample --target nvidia/nvidia-h100 -o FILE    (new programs), or
+#   tensorplan predictor dataset sample --target nvidia/nvidia-h100 -o FILE    (new programs), or
 #   data/cdmpp-h100/programs.parquet                                 (re-time the H100's programs on another GPU),
 #   data/cdmpp-h100/untimed_programs.parquet                         (more programs per task: the 4,644 draws of
 #     `dataset sample --target nvidia/nvidia-h100 --programs-per-task 12 --skip-timed data/cdmpp-h100`; it travels
 #     with the tree, so PROGRAMS may name it directly).
 # Results come back as $OUT/*.sqlite.xz; merge them with
-#   tensorplan dataset export --store gpu.sqlite --out data/cdmpp-h100         (a new GPU dataset)
-#   tensorplan dataset export --store gpu.sqlite --out data/cdmpp-h100b        (new programs of the same tasks; load
+#   tensorplan predictor dataset export --store gpu.sqlite --out data/cdmpp-h100         (a new GPU dataset)
+#   tensorplan predictor dataset export --store gpu.sqlite --out data/cdmpp-h100b        (new programs of the same tasks; load
 #     both as --data data/cdmpp-h100,data/cdmpp-h100b; bench/cdmpp_programs_per_task.py scores what they add)
-#   tensorplan dataset merge-gpu --name h200 --store gpu.sqlite --data data/cdmpp-h100  (same programs, new GPU)
-#   tensorplan dataset merge-device --prefix gpuhost --store cpu.sqlite
+#   tensorplan predictor dataset merge-gpu --name h200 --store gpu.sqlite --data data/cdmpp-h100  (same programs, new GPU)
+#   tensorplan predictor dataset merge-device --prefix gpuhost --store cpu.sqlite
 set -uo pipefail
 step=${1:?step: pack|stash|install|gpu|cpu|features|scaling|out}
 site=/tmp/site
@@ -57,12 +57,12 @@ install)  # device, call N
   python3 -c "import tvm; print('tvm', tvm.__version__, tvm.support.libinfo().get('USE_CUDA'))" ;;
 gpu)    # device: time the sampled CUDA programs for MINUTES (resumable)
   env_setup
-  python3 -m tensorplan dataset measure-gpu --programs "${PROGRAMS:-$(ls .tvmpack/p*/*.parquet /tmp/pk/*.parquet 2>/dev/null | head -1)}" --name "${GPU_NAME:-h100}" \
+  python3 -m tensorplan predictor dataset measure-gpu --programs "${PROGRAMS:-$(ls .tvmpack/p*/*.parquet /tmp/pk/*.parquet 2>/dev/null | head -1)}" --name "${GPU_NAME:-h100}" \
     --store /tmp/gpu.sqlite --budget-minutes "${2:-5}" --no-progress --json ;;
 cpu)    # device: re-time the dataset's CPU programs on this machine's CPU, 1 and all threads
   env_setup
   n=$(nproc)
-  python3 -m tensorplan dataset measure-device --prefix "${CPU_NAME:-gpuhost}" --threads 1,$n --workers $n \
+  python3 -m tensorplan predictor dataset measure-device --prefix "${CPU_NAME:-gpuhost}" --threads 1,$n --workers $n \
     --store /tmp/cpu.sqlite --budget-minutes "${2:-3}" --no-merge --no-progress --json ;;
 features)  # device: featurisation throughput on this machine's cores (the issue's 1,000 programs/s;
            # the 2-core VM reaches 579/s with 2 workers, docs/cdmpp.md)

@@ -49,7 +49,7 @@ def timed_blp(prim, cands, costs, repeats: int, **kw):
 def run_model(name: str, opset: int, caps: list[int], check: bool, repeats: int, time_limit: float) -> dict:
     from tensorplan.cost import AnalyticalCost, cost_many
     from tensorplan.devices import resolve
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.korch.fission import fission
     from tensorplan.korch.blp import greedy_fusion, no_fusion, recomputed_primitives
     from tensorplan.korch.candidates import EnumerationStats, enumerate_candidates

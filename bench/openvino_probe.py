@@ -29,7 +29,7 @@ def main(models: str = typer.Option("yolox-nano,efficientvit-b1", help="Comma-se
     except ImportError:
         raise SystemExit("openvino is not installed: .venv/bin/pip install openvino==2026.4.1") from None
     from tensorplan.devices import resolve
-    from tensorplan.zoo.load import load_model, resolve_model_path
+    from tensorplan.zoo.specs import load_model, resolve_model_path
     from tensorplan.ir.reference import random_feeds, rel_error
     from tensorplan.ir.to_onnx import ort_session
     from tensorplan.measure.timer import interleaved, pinned_threads

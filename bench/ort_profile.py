@@ -45,7 +45,7 @@ def profile(name: str, rewritten: bool, runs: int, threads: int, top: int) -> di
     import onnxruntime as ort
 
     from tensorplan import zoo
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.rewrite.rules import rewrite
     from tensorplan.ir.to_onnx import graph_to_onnx
 
@@ -205,7 +205,7 @@ def what_if(name: str, threads: int, rounds: int) -> dict:
     import onnxruntime as ort
 
     from tensorplan import zoo
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.rewrite.rules import rewrite
     from tensorplan.ir.to_onnx import graph_to_onnx, ort_session
     from tensorplan.measure.timer import interleaved

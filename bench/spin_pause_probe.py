@@ -44,7 +44,7 @@ def main(rounds: int = typer.Option(15, help="Rounds per method."),
     import onnx
 
     from tensorplan.devices import resolve
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.ir.reference import random_feeds
     from tensorplan.ir.to_onnx import ort_session
     from tensorplan.measure.timer import interleaved, pinned_threads

@@ -212,7 +212,7 @@ def test_xgboost_task_io_appends_the_tasks_buffer_sizes(cdmpp_small, tmp_path):
 
 
 def test_train_a_hierarchy_xgboost_and_predict_a_network_with_it(cdmpp_small, tmp_path):
-    """`tensorplan train --model xgboost-hier` path: the tree model trains through the same `train`,
+    """`tensorplan predictor train --model xgboost-hier` path: the tree model trains through the same `train`,
     records its domains, and `predict --weights` uses it for a whole network."""
     from typer.testing import CliRunner
 
@@ -227,7 +227,7 @@ def test_train_a_hierarchy_xgboost_and_predict_a_network_with_it(cdmpp_small, tm
     r = predict_network("tiny-mlp", device="local-1t", weights=tmp_path / "xh.pt")
     assert r["predictor"] == "TenSetXGB" and r["n_kernels"] >= 3
     assert all(k["predicted_us"] > 0 for k in r["kernels"])
-    out = CliRunner().invoke(app, ["train", "--model", "nothing-like-it", "--out", str(tmp_path / "x.pt")])
+    out = CliRunner().invoke(app, ["predictor", "train", "--model", "nothing-like-it", "--out", str(tmp_path / "x.pt")])
     assert out.exit_code != 0 and "unknown model" in out.output
-    out = CliRunner().invoke(app, ["train", "--model", "xgboost-hier", "--ship"])
+    out = CliRunner().invoke(app, ["predictor", "train", "--model", "xgboost-hier", "--ship"])
     assert out.exit_code != 0 and "--ship" in out.output

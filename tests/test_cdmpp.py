@@ -307,7 +307,7 @@ def test_loading_a_file_that_is_not_a_model_is_one_clear_error(tmp_path):
     from tensorplan.cdmpp.model import load_estimator
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"junk" * 100)
-    with pytest.raises(TensorplanError, match="junk.pt' is not a readable tensorplan model file.*tensorplan train"):
+    with pytest.raises(TensorplanError, match="junk.pt' is not a readable tensorplan model file.*tensorplan predictor train"):
         load_estimator(junk)
     other = tmp_path / "other.pt"
     torch.save({"weights": [1, 2, 3]}, other)      # a torch file, but not ours

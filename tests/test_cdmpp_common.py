@@ -18,7 +18,7 @@ def _load_small(n_tasks: int = 12, per_task: int = 16):
 
     d = Path(os.environ.get("TENSORPLAN_CDMPP_DATA") or default_data_dir())
     if not (d / "records.parquet").exists():
-        pytest.skip(f"{d} has not been exported yet (tensorplan dataset export)")
+        pytest.skip(f"{d} has not been exported yet (tensorplan predictor dataset export)")
     ds = load_dataset(d).filter_stable(max_cov=0.25)
     ds = ds.subset(ds.records["device"].isin(["local-1t", "local-2t"]).to_numpy())   # the collection CPU's domains
     r = ds.records

@@ -1,5 +1,5 @@
 """The CLI's command lists: every command has `--help`, and its summary line is one sentence, so
-`tensorplan --help` and `tensorplan dataset --help` list commands without ragged line breaks."""
+`tensorplan --help` and `tensorplan predictor dataset --help` list commands without ragged line breaks."""
 from __future__ import annotations
 
 import inspect

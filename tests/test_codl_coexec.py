@@ -75,7 +75,7 @@ def test_components_and_memory_overhead(pair):
 
 def test_whole_model_runs_and_matches_ort(pair):
     """RetinaFace end to end: planned segments co-executed, Concat/Reshape/… on the CPU alone."""
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.codl.partition import chain_links, extract_ops, plan_ops
     from tensorplan.codl.coexecutor import fit_local_cost, model_steps, run_model
 

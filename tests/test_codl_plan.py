@@ -50,7 +50,7 @@ def test_chain_cost_charges_head_and_tail(cost):
 
 
 def test_plan_real_graph_yolov2(cost):
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
 
     g = load_model("yolov2")
     ops = extract_ops(g)

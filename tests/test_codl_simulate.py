@@ -1,7 +1,7 @@
 """SoC simulator: determinism per seed, calibration anchors, system ordering."""
 import pytest
 
-from tensorplan.zoo.load import load_model
+from tensorplan.zoo.specs import load_model
 from tensorplan.codl.simulate import SYSTEMS, calibrate, simulate
 
 

@@ -265,7 +265,7 @@ def test_stats_reports_tuned_and_untuned_network_latency():
     from tensorplan.cli import app
     from tensorplan.errors import TensorplanError
     ds = _committed_or_skip()
-    r = CliRunner().invoke(app, ["dataset", "stats", "--metric", "mad", "--json"])
+    r = CliRunner().invoke(app, ["predictor", "dataset", "stats", "--metric", "mad", "--json"])
     assert r.exit_code == 0, r.output
     s = json.loads(r.output)
     fast, first = s["network_latency_s"], s["network_latency_first_sample_s"]
@@ -406,10 +406,10 @@ def test_merge_gpu_adds_a_second_gpu_of_the_same_programs(tmp_path):
     # the CLI: the same merge by name, a missing store named with the command that writes one
     from typer.testing import CliRunner
     from tensorplan.cli import app
-    res = CliRunner().invoke(app, ["dataset", "merge-gpu", "--name", "testgpu", "--data", str(data),
+    res = CliRunner().invoke(app, ["predictor", "dataset", "merge-gpu", "--name", "testgpu", "--data", str(data),
                                    "--store", str(tmp_path / "gpu.sqlite"), "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["records"] == again["records"]
-    res = CliRunner().invoke(app, ["dataset", "merge-gpu", "--name", "testgpu", "--data", str(data),
+    res = CliRunner().invoke(app, ["predictor", "dataset", "merge-gpu", "--name", "testgpu", "--data", str(data),
                                    "--store", str(tmp_path / "nope.sqlite")])
     assert res.exit_code != 0 and "measure-gpu" in str(res.exception or res.output)
     other = dict(payload, seed=-1)

@@ -94,7 +94,7 @@ def test_mixed_ensemble_pools_two_models_and_survives_a_save(cdmpp_small, tmp_pa
 
 @pytest.mark.slow
 def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
-    """`tensorplan train --members 2` saves an ensemble; `predict` with it gives each kernel a spread."""
+    """`tensorplan predictor train --members 2` saves an ensemble; `predict` with it gives each kernel a spread."""
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
@@ -130,7 +130,7 @@ def test_shipped_weights_load_in_a_fresh_process():
 
 
 def test_finetune_device_adapts_the_shipped_model(cdmpp_small, tmp_path):
-    """`tensorplan finetune --device` on the packaged weights (an ensemble of CDMPPs, or one CDMPP)."""
+    """`tensorplan predictor finetune --device` on the packaged weights (an ensemble of CDMPPs, or one CDMPP)."""
     from tensorplan.cdmpp.model import load_shipped
     from tensorplan.cdmpp.finetune import finetune_device
 

@@ -31,7 +31,7 @@ def test_plan_of_tiny_zoo_model_matches_ort(model):
 def test_measured_plan_runs_resumes_and_records_backends(tmp_path):
     from tensorplan.cost.measured import MeasuredCost
     from tensorplan.korch.fission import fission
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.measure.store import Store
     from tensorplan.korch.candidates import enumerate_candidates
     store = Store(tmp_path / "s.sqlite")
@@ -125,7 +125,7 @@ def test_fp16_model_is_checked_at_fp16_precision(tmp_path):
     bar of 1e-4, which rejects it; the check uses 8 fp16 epsilons (7.8e-3)."""
     import torch
     from tensorplan.zoo.from_torch import from_torch
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.ir.reference import default_tolerance
 
     torch.manual_seed(0)

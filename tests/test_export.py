@@ -22,7 +22,7 @@ def _meta(path) -> dict:
 
 
 def test_model_export_applies_the_rewrites_and_matches_onnxruntime(tmp_path):
-    from tensorplan.zoo.load import load_model, resolve_model_path
+    from tensorplan.zoo.specs import load_model, resolve_model_path
     out = tmp_path / "yolox.onnx"
     res = export_onnx("yolox-nano", out, rounds=2)
     assert res.source == "model" and not res.exact and res.ok
@@ -72,7 +72,7 @@ def test_cli_writes_a_file_that_runs_with_the_stored_session_options(tmp_path):
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     out = tmp_path / "cnn.onnx"
     r = CliRunner().invoke(app, ["export", "tiny-cnn", "-o", str(out), "--rounds", "2", "--json"])
     assert r.exit_code == 0, r.output

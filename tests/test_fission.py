@@ -322,7 +322,7 @@ def test_reduce_axes_reads_both_forms():
 
 def _zoo_check(name: str, opset: int = 17):
     zoo = pytest.importorskip("tensorplan.zoo")
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.ir.reference import random_feeds
     path = zoo.export(name, opset)
     g = load_model(name, opset=opset)

@@ -16,7 +16,7 @@ from onnx import numpy_helper as nh
 from typer.testing import CliRunner
 
 from tensorplan.errors import ModelImportError
-from tensorplan.zoo.load import load_model
+from tensorplan.zoo.specs import load_model
 from tensorplan.ir.reference import random_feeds, rel_error, run_reference
 from tensorplan.ir.to_onnx import graph_to_onnx, run_onnxruntime
 
@@ -150,7 +150,7 @@ def test_int8_quantized_model_plans_with_regions_and_matches_onnxruntime(tmp_pat
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
                                           quantize_static)
 
-    from tensorplan.zoo.load import resolve_model_path
+    from tensorplan.zoo.specs import resolve_model_path
     from tensorplan.workflows import orchestrate
     from tensorplan.korch.regions import enumerate_regions
     from tensorplan.korch.fission import fission

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tensorplan.errors import ModelImportError
 from tensorplan.zoo.from_torch import export_spec, from_torch, is_torch_spec
-from tensorplan.zoo.load import load_model, resolve_model
+from tensorplan.zoo.specs import load_model, resolve_model
 from tensorplan.ir.reference import run_reference
 
 FACTORY = textwrap.dedent("""

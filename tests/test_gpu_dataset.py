@@ -70,7 +70,7 @@ def test_untimed_leaves_out_the_programs_a_dataset_holds(cuda_programs, tmp_path
     from typer.testing import CliRunner
     from tensorplan.cli import app
     t0 = time.perf_counter()
-    res = CliRunner().invoke(app, ["dataset", "sample", "--skip-timed", str(tmp_path / "nowhere"),
+    res = CliRunner().invoke(app, ["predictor", "dataset", "sample", "--skip-timed", str(tmp_path / "nowhere"),
                                    "-o", str(tmp_path / "p.parquet")])
     assert res.exit_code != 0 and "programs.parquet" in str(res.exception) + res.output
     assert time.perf_counter() - t0 < 30 and not (tmp_path / "p.parquet").exists()

@@ -81,7 +81,7 @@ def test_harness_names_leaf_expert_models():
 
 @pytest.mark.slow
 def test_train_with_leaf_experts_saves_a_model_predict_reads(cdmpp_small, tmp_path):
-    """`tensorplan train --leaf-experts`: the saved model predicts a network like any other."""
+    """`tensorplan predictor train --leaf-experts`: the saved model predicts a network like any other."""
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
@@ -95,5 +95,5 @@ def test_train_with_leaf_experts_saves_a_model_predict_reads(cdmpp_small, tmp_pa
     assert info["val"]["n"] > 0 and info["epochs_run"] == 2
     r = predict_network("tiny-mlp", device="local", weights=tmp_path / "leaf.pt")
     assert r["predictor"] == "LeafExperts" and r["n_kernels"] >= 3 and r["total_ms"] > 0
-    out = CliRunner().invoke(app, ["train", "--model", "xgboost-hier", "--leaf-experts"])
+    out = CliRunner().invoke(app, ["predictor", "train", "--model", "xgboost-hier", "--leaf-experts"])
     assert out.exit_code != 0 and "--leaf-experts wraps cdmpp only" in out.output

@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from tensorplan.errors import ModelImportError, TensorplanError, UnsupportedOperatorError
-from tensorplan.zoo.load import load_model
+from tensorplan.zoo.specs import load_model
 from tensorplan import zoo
 from tensorplan.ir.analysis import graph_flops, min_bytes, node_bytes, node_flops, param_count, roofline_ms
 from tensorplan.ir.onnx_import import import_onnx, parse_input_shapes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tensorplan.korch.fission import fission
-from tensorplan.zoo.load import load_model
+from tensorplan.zoo.specs import load_model
 from tensorplan.ir.reference import rel_error
 from tensorplan.korch.candidates import enumerate_candidates
 from tensorplan.kernels.vendor import make_kernel, random_inputs

@@ -113,7 +113,7 @@ def test_rules_do_not_fire_where_they_would_be_wrong():
     ("candy", {"upsample_conv_phases": 2, "conv_output_phases": 1}, 0.95),
 ])
 def test_zoo_decoder_rewrites_match_onnxruntime(model, counts, flops_below):
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     g = load_model(model)
     r = rewrite(g)
     assert r.counts == counts
@@ -376,7 +376,7 @@ def test_focus_rule_needs_all_four_phases_and_a_unit_stride(kw):
 
 
 def test_yolox_focus_stem_and_head_rewrite_match_onnxruntime():
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     g = load_model("yolox-nano")
     r = rewrite(g)
     assert r.counts == {"split_concat_conv": 4, "conv_before_resize": 4, "focus_conv": 1}
@@ -519,7 +519,7 @@ def test_linear_attention_runs_channel_major_exactly_and_only_on_the_full_patter
     """EfficientViT's 7 LiteMLA blocks drop the token transposes (21 -> 7 Transposes, the 7 left
     are d-channel ones the runtimes fold into the MatMul), outputs unchanged; a block whose
     intermediate is shared, or whose Pad is not the +1 column, is left as it is."""
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.ir.graph import Tensor
     g = load_model("efficientvit-b1")
     r = rewrite(g)

@@ -14,7 +14,7 @@ from tensorplan.ir.graph import Graph, Node, Tensor  # noqa: E402,F401
 
 # public name -> (module, attribute)
 _LAZY = {
-    "load_model": ("tensorplan.zoo.load", "load_model"),
+    "load_model": ("tensorplan.zoo.specs", "load_model"),
     "from_torch": ("tensorplan.zoo.from_torch", "from_torch"),
     "import_onnx": ("tensorplan.ir.onnx_import", "import_onnx"),
     "run_reference": ("tensorplan.ir.reference", "run_reference"),

@@ -7,7 +7,7 @@ properties (is there a parallel loop and how long is it, vector width, unrolling
 one, and spreads from 0.17 to 2.0 (5th-95th percentile) for kernels under 10 µs
 (`python bench/cdmpp_device_ratio.py`). Fine-tuning
 network weights on a few hundred samples learns that factor poorly (reference/cdmpp.md §3; measured
-in `tensorplan evaluate`). Here the trained model keeps predicting *as on the source device* and a
+in `tensorplan predictor evaluate`). Here the trained model keeps predicting *as on the source device* and a
 small gradient-boosted tree model, fitted on the few target samples, predicts
 log(target latency / source prediction) from those properties and the source prediction itself.
 

@@ -297,7 +297,7 @@ def _load_store_tasks(store, networks: Sequence[str]):
 def get_tasks(store, networks: Sequence[str], log: Callable[[str], None] = print):
     """Extract (or reload from the store) the tasks of `networks`."""
     from tensorplan.cdmpp.tasks import network_tasks
-    from tensorplan.zoo.load import resolve_model
+    from tensorplan.zoo.specs import resolve_model
     cached = _load_store_tasks(store, networks)
     if cached is not None:
         return cached
@@ -455,7 +455,7 @@ def timed_programs(path: str | Path) -> set[tuple[str, int]]:
     f = Path(path) / "programs.parquet"
     if not f.exists():
         raise TensorplanError(f"dataset '{path}': no programs.parquet; pass a directory written by "
-                              "`tensorplan dataset export`")
+                              "`tensorplan predictor dataset export`")
     t = pq.read_table(f, columns=["task_key", "index"]).to_pandas()
     return set(zip(t["task_key"].astype(str), t["index"].astype(int)))
 
@@ -765,7 +765,7 @@ def merge_device(prefix: str, *, data: str | Path | None = None, store: Any = No
         return dev.startswith(prefix + "-") and dev[len(prefix) + 1:-1].isdigit() and dev.endswith("t")
     return _merge_records(ours, lambda m: m["extra"].get("dataset_prog_key"), data=data, store=store,
                           what="merge-device", none_hint=f"the store holds no measurements of devices '{prefix}-Nt'; "
-                          f"run `tensorplan dataset measure-device --prefix {prefix}` first", log=log)
+                          f"run `tensorplan predictor dataset measure-device --prefix {prefix}` first", log=log)
 
 
 def merge_gpu(name: str, *, data: str | Path | None = None, store: Any = None,
@@ -778,7 +778,7 @@ def merge_gpu(name: str, *, data: str | Path | None = None, store: Any = None,
     the latencies are new, as for the CPU domains of `merge_device`."""
     return _merge_records(lambda dev: dev == name, lambda m: m["prog_key"], data=data, store=store,
                           what="merge-gpu", none_hint=f"the store holds no measurements of device '{name}'; "
-                          f"run `tensorplan dataset measure-gpu --name {name}` first", log=log)
+                          f"run `tensorplan predictor dataset measure-gpu --name {name}` first", log=log)
 
 
 def _check_same_model(first: dict, later: dict, name: str, what: str) -> None:
@@ -1225,8 +1225,8 @@ def load_dataset(path: str | Path | Sequence[str | Path] | None = None) -> Datas
     need = ["records.parquet", "programs.parquet", "tasks.parquet", "features.npz", "meta.json"]
     miss = [n for n in need if not (d / n).exists()]
     if miss:
-        raise TensorplanError(f"dataset '{d}': missing {miss}; run `tensorplan dataset export --out {d}` "
-                              "after `tensorplan dataset collect`")
+        raise TensorplanError(f"dataset '{d}': missing {miss}; run `tensorplan predictor dataset export --out {d}` "
+                              "after `tensorplan predictor dataset collect`")
     meta = json.loads((d / "meta.json").read_text())
     rec = pq.read_table(d / "records.parquet").to_pandas()
     prog = pq.read_table(d / "programs.parquet").to_pandas()
@@ -1285,7 +1285,7 @@ def concat_datasets(parts: Sequence[Dataset]) -> Dataset:
             if shared:
                 raise TensorplanError(f"concat_datasets: device domain '{dev}' times {len(shared)} of the same "
                                       f"programs in '{seen[dev]}' and '{ds.path}'; merge it into one export "
-                                      "(`tensorplan dataset merge-device`)")
+                                      "(`tensorplan predictor dataset merge-device`)")
             progs[dev] |= set(keys)
             seen.setdefault(dev, ds.path)
     recs, off = [], 0

@@ -122,7 +122,7 @@ def read_programs(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise TensorplanError(f"programs file '{path}' does not exist; write one with "
-                              "`tensorplan dataset sample --target ... -o FILE`")
+                              "`tensorplan predictor dataset sample --target ... -o FILE`")
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as e:  # noqa: BLE001

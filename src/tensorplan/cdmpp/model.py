@@ -523,7 +523,7 @@ class Estimator(abc.ABC):
         path = Path(path)
         if not path.exists():
             raise TensorplanError(f"model file '{path}' does not exist")
-        hint = "pass a file written by `tensorplan train` (or leave out --weights for the shipped model)"
+        hint = "pass a file written by `tensorplan predictor train` (or leave out --weights for the shipped model)"
         try:
             blob = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as e:  # noqa: BLE001 - pickle, zip and torch errors for a truncated or foreign file
@@ -1179,7 +1179,7 @@ class CDMPP(Estimator):
         except RuntimeError as e:
             first = str(e).strip().splitlines()[:2]
             raise TensorplanError("cdmpp: the saved weights do not fit this version's network (saved by an older "
-                                  f"tensorplan?); retrain with `tensorplan train`. {' '.join(first)}") from None
+                                  f"tensorplan?); retrain with `tensorplan predictor train`. {' '.join(first)}") from None
         self.net.eval()
         self.history = list(st.get("history", []))
         self.train_time_s = float(st.get("train_time_s", 0.0))
@@ -1194,7 +1194,7 @@ class CDMPP(Estimator):
 def load_shipped() -> Estimator:
     """The model trained on this machine's domains and shipped with the package."""
     if not SHIPPED_MODEL.exists():
-        raise TensorplanError(f"shipped model '{SHIPPED_MODEL}' is missing; run `tensorplan train --ship`")
+        raise TensorplanError(f"shipped model '{SHIPPED_MODEL}' is missing; run `tensorplan predictor train --ship`")
     return load_estimator(SHIPPED_MODEL)   # a CDMPP or an ensemble of them (`train --members`)
 
 

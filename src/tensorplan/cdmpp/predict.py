@@ -243,7 +243,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     import tvm
 
     from tensorplan.devices.spec import feature_differences, features_outside
-    from tensorplan.zoo.load import resolve_model
+    from tensorplan.zoo.specs import resolve_model
     from tensorplan.cdmpp.dataset import init_pool, time_module
 
     if tuned < 0:
@@ -267,7 +267,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
         raise TensorplanError(f"device '{dom}' is a GPU, but '{weights or SHIPPED_MODEL}' was trained on CPU "
                               f"domains only ({', '.join(known)}): CPU-trained models miss GPU programs 20-90x "
                               "(docs/cdmpp.md). Leave out --weights to use the shipped H100 model, or train one on "
-                              "GPU data: tensorplan train --data data/cdmpp-h100")
+                              "GPU data: tensorplan predictor train --data data/cdmpp-h100")
     warning = None
     learnt_all = getattr(est, "domain_features_", None) or {}
     learnt = learnt_all.get(dom)
@@ -291,7 +291,7 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
                    + ("on a new CPU such predictions were off by 40-70 % (MAPE, held-out CPUs) in docs/cdmpp.md. "
                       "Run `tensorplan calibrate` on that machine." if not is_gpu else
                       "with one GPU learnt, the device vector barely moves its predictions, so expect the learnt "
-                      "GPU's latencies, not this one's. Measure a few thousand programs there (tensorplan dataset "
+                      "GPU's latencies, not this one's. Measure a few thousand programs there (tensorplan predictor dataset "
                       "measure-gpu) and train on them."))
     if same_as and log:
         log(f"'{dom}' has the device vector of '{same_as}', which the model learnt: predicting it as '{same_as}'")

@@ -144,7 +144,7 @@ def network_tasks_and_gaps(onnx_path: str | Path, network: str) -> tuple[list[Ta
 def extract_tasks(networks: Iterable[str] = DEFAULT_NETWORKS, *, opset: int = 17,
                   progress: Any = None) -> list[Task]:
     """Tasks of several zoo networks (or ONNX paths), merged across networks by structure."""
-    from tensorplan.zoo.load import resolve_model
+    from tensorplan.zoo.specs import resolve_model
     merged: dict[str, Task] = {}
     for net in networks:
         path, name = resolve_model(net, opset)

@@ -20,8 +20,8 @@ err_console = Console(stderr=True)
 
 # Each module defines `register(app: typer.Typer)`; add yours here (one line).
 _COMMAND_MODULES = (
-    "dataset",
     "predict",
+    "predictor",
     "zoo",
     "devices",
     "store",

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         """Plan per-op splits (H/OC × ratio) and operator chains; report predicted vs measured (or simulated) latency."""
         con = Console()
         if simulate:
-            from tensorplan.zoo.load import load_model
+            from tensorplan.zoo.specs import load_model
             from tensorplan.codl.simulate import SYSTEMS, calibrate, plot_timeline
             from tensorplan.codl.simulate import simulate as sim
 

@@ -1,4 +1,4 @@
-"""`tensorplan dataset collect|remeasure|measure-device|merge-device|sample|measure-gpu|merge-gpu|export|stats`: the CDMPP tensor-program dataset."""
+"""`tensorplan predictor dataset collect|remeasure|measure-device|merge-device|sample|measure-gpu|merge-gpu|export|stats`: the CDMPP tensor-program dataset."""
 from __future__ import annotations
 
 import json
@@ -184,7 +184,7 @@ def sample(target: str = typer.Option("nvidia/nvidia-h100", "--target", help="TV
 
 
 @dataset_app.command("measure-gpu")
-def measure_gpu(programs: Path = typer.Option(..., "--programs", help="Programs file from `tensorplan dataset sample`."),
+def measure_gpu(programs: Path = typer.Option(..., "--programs", help="Programs file from `tensorplan predictor dataset sample`."),
                 name: str = typer.Option(..., "--name", help="Device domain name of this GPU, e.g. h100."),
                 store: Optional[Path] = _STORE_OPT,
                 data: Optional[Path] = typer.Option(None, "--data", help="Dataset holding the tasks (default: data/cdmpp/)."),
@@ -195,7 +195,7 @@ def measure_gpu(programs: Path = typer.Option(..., "--programs", help="Programs 
                 no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Compile and time sampled CUDA programs on this machine's GPU as device NAME; resumable.
 
-    `tensorplan dataset export --store S --out DIR` then writes them as a dataset."""
+    `tensorplan predictor dataset export --store S --out DIR` then writes them as a dataset."""
     from tensorplan.cdmpp.gpu_dataset import measure_gpu as _measure, read_programs
     d = _measure(name, read_programs(programs), data=data, store=store, workers=workers,
                  budget_minutes=budget_minutes, limit=limit, progress=not no_progress).to_dict()
@@ -267,7 +267,3 @@ def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset dire
     if "first_sample_slowdown_median" in s:
         t.add_row("first samples / fastest, median network", f"{s['first_sample_slowdown_median']:.2f}×")
     con.print(t)
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(dataset_app, name="dataset")

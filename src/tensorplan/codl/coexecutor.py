@@ -1048,7 +1048,7 @@ def coexec_model(spec: str, method: str = "greedy", data_dir=None, repeats: int 
     total, components, max error vs the unsplit result, and a timeline of the segments; with
     `whole_model`, also the whole model end to end (`run_model`: other operators on the CPU,
     checked and timed against ONNX Runtime at 1 and 2 threads, interleaved)."""
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.codl.partition import chain_links, extract_ops, plan_ops
 
     graph = load_model(spec)

@@ -635,7 +635,7 @@ def regret(plan: CoexecPlan, oracle: CoexecPlan) -> float:
 
 def model_shapes(models: Sequence[str]) -> list[tuple[str, OpShape]]:
     """Unique partitionable op shapes of the models (the first model that has it names it)."""
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
 
     seen: dict[OpShape, str] = {}
     for m in models:

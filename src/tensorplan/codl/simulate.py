@@ -172,7 +172,7 @@ _CAL_CACHE: dict[str, SocModel] = {}
 def _calibrate_sd855(prof: dict, cal: dict, graphs: dict[str, Graph] | None) -> SocModel:
     if "sd855" in _CAL_CACHE:
         return _CAL_CACHE["sd855"]
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
 
     g = (graphs or {}).get("yolov2") or load_model("yolov2")
     unit = SocModel(prof, 1.0, 1.0)

@@ -264,7 +264,7 @@ def _load_plan(plan: str | Path | Plan | dict) -> Plan:
 
 def ort_reference(plan: Plan, feeds: dict[str, np.ndarray], threads: int = 2) -> dict[str, np.ndarray]:
     """Outputs of ONNX Runtime on the plan's *original* model (not the primitive graph)."""
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.ir.to_onnx import run_onnxruntime
     src = plan.source
     shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None

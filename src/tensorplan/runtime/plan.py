@@ -104,7 +104,7 @@ class Plan:
     def source_graph(self) -> Graph:
         """Reload the model from `source` with the plan's rewrites re-applied (region kernels run
         its operators); fails if the rewrites no longer come out the same."""
-        from tensorplan.zoo.load import load_model  # type: ignore[attr-defined]
+        from tensorplan.zoo.specs import load_model  # type: ignore[attr-defined]
         src = self.source
         shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None
         g = load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))

@@ -80,7 +80,7 @@ def ort_per_op_profile(onnx_path: str, feeds: dict[str, np.ndarray], threads: in
 def model_onnx_path(model: str, opset: int) -> str:
     """The original ONNX file behind a model spec (ORT is the reference, so it runs the
     original, not our re-export)."""
-    from tensorplan.zoo.load import resolve_model_path
+    from tensorplan.zoo.specs import resolve_model_path
 
     return str(resolve_model_path(model, opset))
 
@@ -111,7 +111,7 @@ def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrat
     `vs_torch_compile=False` skips it) as a third contender on the same inputs. `save_plan` writes
     the plan JSON there (for `tensorplan run` / `tensorplan export`)."""
     from tensorplan.devices import resolve
-    from tensorplan.zoo.load import load_model
+    from tensorplan.zoo.specs import load_model
     from tensorplan.ir.analysis import graph_flops
     from tensorplan.ir.reference import random_feeds, run_reference
     from tensorplan.measure.timer import measure, pinned_threads

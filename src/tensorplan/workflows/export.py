@@ -92,7 +92,7 @@ def export_onnx(target: str | Path, out: str | Path, *, threads: int = 2, check:
     rounds (0: no timing). Both sessions get `threads` intra-op threads and the plan's spinning
     choice (`spinning` overrides it)."""
     from tensorplan.ir.analysis import graph_flops
-    from tensorplan.zoo.load import load_model, resolve_model_path
+    from tensorplan.zoo.specs import load_model, resolve_model_path
     from tensorplan.ir.reference import default_tolerance
     from tensorplan.ir.to_onnx import graph_to_onnx
     from tensorplan.paths import atomic_write

@@ -13,7 +13,7 @@ def inspect_model(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = N
     Unsupported operators are reported (not raised) so a user sees the whole list."""
     import time
 
-    from tensorplan.zoo.load import load_model, resolve_model_path
+    from tensorplan.zoo.specs import load_model, resolve_model_path
     from tensorplan.ir.reference import is_foreign, unsupported_nodes
 
     path = resolve_model_path(spec, opset)

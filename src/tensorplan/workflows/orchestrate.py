@@ -63,7 +63,7 @@ def make_cost(cost: Any, spec: Any, store: Any = None):
 def _load(model: str | Path | Graph, input_shapes, opset: int) -> tuple[Graph, str]:
     if isinstance(model, Graph):
         return model, model.name
-    from tensorplan.zoo.load import load_model  # type: ignore[attr-defined]
+    from tensorplan.zoo.specs import load_model  # type: ignore[attr-defined]
     return load_model(str(model), input_shapes=input_shapes, opset=opset), str(model)
 
 

@@ -140,7 +140,7 @@ def torch_source(spec: str, opset: int = 17) -> tuple[Any, tuple] | None:
     if is_torch_spec(spec):
         _, module, inputs = _exported(spec, opset)
         return module, inputs
-    from tensorplan.zoo.load import _is_path
+    from tensorplan.zoo.specs import _is_path
     if _is_path(spec):
         return None
     from tensorplan import zoo

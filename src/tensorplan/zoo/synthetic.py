@@ -6,7 +6,7 @@ slices, pads, concat + reshape + transpose). Each zoo network has a handful of t
 so a new network's data-movement kernels have few neighbours in the training data (docs/cdmpp.md,
 *Data-movement coverage*). `datamove-grid` applies nine layout patterns to sixteen NCHW shapes
 (channels × spatial size); every branch ends in its own output, so Relax fuses each into one
-kernel, and `tensorplan dataset collect --networks datamove-grid` samples and times their
+kernel, and `tensorplan predictor dataset collect --networks datamove-grid` samples and times their
 schedules like any network's. The grid shares no kernel with the zoo networks (checked by
 tests/test_zoo.py), so adding it never moves a task out of a held-out network's test set.
 """
