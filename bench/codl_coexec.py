@@ -3,7 +3,7 @@
 For a few YOLOv2/VGG-16 op shapes at the planner's chosen split: measured map/transform
 in and out, compute per side, sync (min over repeats: interference on the shared machine only
 adds time) next to the CoDL-style predictor's terms; memory overhead; energy counters.
-Then the five CoDL models end to end (`coexec_model`): planned segments predicted vs measured,
+Then the five CoDL models end to end (`workflows.coexec.coexec`): planned segments predicted vs measured,
 and the whole model (other operators on the CPU alone) against ONNX Runtime at 1 and 2
 threads, interleaved in the same rounds.
 
@@ -64,11 +64,11 @@ def main() -> None:
                 print(f"{m}[{i}] {co.shape.short():34s} {dim} {r:.1f} pred {pred['total']*1e3:7.3f} ms "
                       f"meas(min) {comp['total']*1e3:7.3f} ms  share in {comp['map_in']*1e3+comp['trans_in']*1e3:.3f}/"
                       f"{pred['share_in']*1e3:.3f}  err {err:.1e}", flush=True)
-    from tensorplan.codl.coexecutor import coexec_model
+    from tensorplan.workflows.coexec import coexec
 
     models = {}
     for m in [x for x in args.models.split(",") if x]:
-        r = coexec_model(m, "greedy", None, args.model_repeats)
+        r = coexec(m, "cpu,cpu2", method="greedy", repeats=args.model_repeats).to_dict()
         w = r["whole_model"]
         models[m] = {"segments_predicted_s": r["predicted_s"], "segments_measured_min_s": r["measured_min_s"],
                      "segments_measured_median_s": r["measured_median_s"], "segments_rel_err": r["relative_error"],

@@ -146,7 +146,7 @@ def bench_model(name: str, args, store) -> dict:
     from tensorplan.korch.fission import fission
     from tensorplan.ir.reference import rel_error
     from tensorplan.paths import cache_dir
-    from tensorplan.workflows import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.measure.timer import interleaved
     from tensorplan.runtime.executor import PlanExecutor, ort_reference
 

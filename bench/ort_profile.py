@@ -46,7 +46,7 @@ def profile(name: str, rewritten: bool, runs: int, threads: int, top: int) -> di
 
     from tensorplan import zoo
     from tensorplan.zoo.specs import load_model
-    from tensorplan.rewrite.rules import rewrite
+    from tensorplan.rewrite import rewrite
     from tensorplan.ir.to_onnx import graph_to_onnx
 
     g = load_model(name)
@@ -206,7 +206,7 @@ def what_if(name: str, threads: int, rounds: int) -> dict:
 
     from tensorplan import zoo
     from tensorplan.zoo.specs import load_model
-    from tensorplan.rewrite.rules import rewrite
+    from tensorplan.rewrite import rewrite
     from tensorplan.ir.to_onnx import graph_to_onnx, ort_session
     from tensorplan.measure.timer import interleaved
 

@@ -45,7 +45,7 @@ def per_op(graph, feeds, threads: int) -> dict[str, float]:
 def probe(name: str, rounds: int, threads: int, burst_s: float) -> dict:
     from tensorplan import zoo
     from tensorplan.ir.reference import random_feeds, rel_error
-    from tensorplan.rewrite.rules import rewrite, winograd_convs
+    from tensorplan.rewrite import rewrite, winograd_convs
     from tensorplan.measure.timer import interleaved, pinned_threads
 
     g = zoo.load(name)

@@ -98,8 +98,9 @@ def test_held_out_check_declines_on_a_learnt_cpu_and_installs_on_a_new_one(domai
         return Calibrated(est, source="local-1t", source_features=src)
 
     check = held_out_check(make, samples, est.predict(samples))
-    assert check["folds"] == 5 and check["n"] == len(samples)
-    assert check["calibration_better"] is installs
+    assert check.folds == 5 and check.n == len(samples)
+    assert check.calibration_better is installs
+    assert check.to_dict()["calibrated"]["mape_pct"] == check.calibrated["mape_pct"]
     test = arr.subset(np.flatnonzero(~np.isin(arr.task_key, tasks)))
     here = regression_metrics(est.predict(test), test.latency_s)["mape_pct"]
     calibrated = regression_metrics(make().fit(samples).predict(test), test.latency_s)["mape_pct"]

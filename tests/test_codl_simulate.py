@@ -33,3 +33,23 @@ def test_other_socs_load():
         assert calibrate(soc).cpu_rate > 0
     with pytest.raises(Exception):
         calibrate("nope")
+
+
+def test_simulate_workflow_compares_every_system(yolo, tmp_path):
+    """`workflows.coexec.simulate` (what `tensorplan coexec --simulate` runs) returns one object:
+    each system's simulated latency, CoDL's speedup over it, a timeline and the JSON form."""
+    from tensorplan.workflows.coexec import SimulationResult
+    from tensorplan.workflows.coexec import simulate as simulate_model
+
+    r = simulate_model(yolo, "sd855", seed=3)
+    assert isinstance(r, SimulationResult) and r.model == "yolov2" and r.soc == "sd855"
+    assert list(r.systems) == list(SYSTEMS)
+    assert r.latency_s("codl") == simulate(yolo, "sd855", "codl", seed=3).latency_s
+    assert r.speedup("codl") == 1.0 and r.speedup("cpu") > 1
+    d = r.to_dict()
+    assert d["systems"]["codl"]["latency_ms"] == pytest.approx(r.latency_s() * 1e3) and "simulated" in d["note"]
+    assert r.save_timeline(tmp_path / "t.png").stat().st_size > 1000
+    only = simulate_model("yolov2", "sd855", systems=["gpu"])
+    assert list(only.systems) == ["gpu", "codl"]
+    with pytest.raises(Exception, match="unknown system"):
+        simulate_model(yolo, "sd855", systems=["npu"])

@@ -12,7 +12,7 @@ pytest.importorskip("tvm")
 pytest.importorskip("onnxruntime")
 
 from tensorplan.ir.graph import Graph, Node, Tensor  # noqa: E402
-from tensorplan.workflows import orchestrate  # noqa: E402
+from tensorplan.workflows.orchestrate import orchestrate  # noqa: E402
 from tensorplan.runtime.plan import Plan, PlanKernel, plan_buffers, topo_order  # noqa: E402
 from tensorplan.runtime.executor import PlanExecutor, run_plan  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 from tensorplan.ir.reference import random_feeds, rel_error
 from tensorplan.ir.to_onnx import ort_session, run_onnxruntime
-from tensorplan.workflows import orchestrate
+from tensorplan.workflows.orchestrate import orchestrate
 from tensorplan.workflows.export import export_onnx
 
 from test_regions import FixedDevice, RegionFriendlyCost

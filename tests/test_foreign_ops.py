@@ -68,7 +68,7 @@ def test_foreign_nodes_import_and_the_reference_matches_onnxruntime(tmp_path):
 
 
 def test_plan_with_foreign_kernels_runs_and_matches_onnxruntime(tmp_path):
-    from tensorplan.workflows import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.executor import run_plan
     plan = orchestrate(str(_mixed(tmp_path)), cost="analytical", time_limit=20)
     opaque = {n for k in plan.kernels if k.kind == "opaque" for n in k.nodes}
@@ -151,7 +151,7 @@ def test_int8_quantized_model_plans_with_regions_and_matches_onnxruntime(tmp_pat
                                           quantize_static)
 
     from tensorplan.zoo.specs import resolve_model_path
-    from tensorplan.workflows import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.korch.regions import enumerate_regions
     from tensorplan.korch.fission import fission
     from tensorplan.runtime.executor import run_plan

@@ -1,5 +1,6 @@
-"""`tensorplan predict --measure` and `tensorplan calibrate`: predictions checked against kernels
-compiled and timed on this machine, and the predictor calibrated to it."""
+"""`predict(model, device) -> NetworkPrediction` (`tensorplan predict`), `--measure` and `tensorplan
+calibrate`: predictions checked against kernels compiled and timed on this machine, and the predictor
+calibrated to it."""
 from __future__ import annotations
 
 import json
@@ -11,36 +12,78 @@ import numpy as np
 import pytest
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.predict import local_threads, measured_summary, predict_network
+from tensorplan.cdmpp.predict import (DEFAULT, TUNED, KernelPrediction, NetworkPrediction, SchedulePrediction,
+                                      local_threads, measured_summary, predict, usable_cores)
+
+
+def _kernel(name, calls, pred_us, meas_us=None, sample=0, tuned=None, error=None):
+    """A KernelPrediction with the default schedule at `pred_us` (measured `meas_us`); `tuned`:
+    (sample, predicted µs, measured µs or None)."""
+    k = KernelPrediction(name, name, calls, 1.0, 1,
+                         SchedulePrediction(DEFAULT, sample, pred_us * 1e-6,
+                                            measured_s=None if meas_us is None else meas_us * 1e-6,
+                                            measure_error=error))
+    if tuned is not None:
+        k.tuned = SchedulePrediction(TUNED, tuned[0], tuned[1] * 1e-6, candidates=4,
+                                     measured_s=None if tuned[2] is None else tuned[2] * 1e-6,
+                                     measure_error="failed" if tuned[2] is None else None)
+    return k
 
 
 def test_measured_summary_weights_totals_by_calls_and_skips_unmeasured():
-    ks = [{"task": "a", "calls": 2, "predicted_us": 10.0, "measured_us": 20.0},
-          {"task": "b", "calls": 1, "predicted_us": 30.0, "measured_us": 30.0},
-          {"task": "c", "calls": 1, "predicted_us": 5.0, "measured_us": 4.0},
-          {"task": "d", "calls": 3, "predicted_us": 7.0, "measure_error": "failed"}]
-    s = measured_summary(ks)
-    assert s["kernels_measured"] == 3 and s["kernels_failed"] == ["d"]
-    assert s["predicted_ms"] == pytest.approx((2 * 10 + 30 + 5) / 1e3)
-    assert s["measured_ms"] == pytest.approx((2 * 20 + 30 + 4) / 1e3)
-    assert s["total_ratio"] == pytest.approx(55 / 74)
-    assert s["per_kernel"]["mape_pct"] == pytest.approx(100 * (0.5 + 0 + 0.25) / 3)
-    assert s["spearman_across_kernels"] == pytest.approx(1.0)
+    ks = [_kernel("a", 2, 10.0, 20.0), _kernel("b", 1, 30.0, 30.0), _kernel("c", 1, 5.0, 4.0),
+          _kernel("d", 3, 7.0, error="failed")]
+    s = measured_summary(ks, threads=2)
+    assert s.kernels_measured == 3 and s.kernels_failed == ["d"] and s.threads == 2
+    assert s.predicted_s == pytest.approx((2 * 10 + 30 + 5) / 1e6)
+    assert s.measured_s == pytest.approx((2 * 20 + 30 + 4) / 1e6)
+    assert s.total_ratio == pytest.approx(55 / 74)
+    assert s.per_kernel["mape_pct"] == pytest.approx(100 * (0.5 + 0 + 0.25) / 3)
+    assert s.spearman_across_kernels == pytest.approx(1.0)
+    d = s.to_dict()      # the JSON keeps the names earlier runs were written with
+    assert d["measured_ms"] == pytest.approx(74 / 1e3) and d["kernels_failed"] == ["d"] and "tuned" not in d
 
 
 def test_measured_summary_reports_the_tuned_picks_over_kernels_timed_both_ways():
-    ks = [{"task": "a", "calls": 2, "sample": 0, "predicted_us": 10.0, "measured_us": 20.0,
-           "tuned_sample": 3, "tuned_us": 5.0, "tuned_measured_us": 8.0},
-          {"task": "b", "calls": 1, "sample": 0, "predicted_us": 30.0, "measured_us": 30.0,
-           "tuned_sample": 0, "tuned_us": 30.0, "tuned_measured_us": 30.0},
-          {"task": "c", "calls": 1, "sample": 1, "predicted_us": 5.0, "measured_us": 4.0,
-           "tuned_sample": 2, "tuned_us": 4.0, "tuned_measure_error": "failed"}]
-    t = measured_summary(ks)["tuned"]
-    assert (t["kernels"], t["changed"], t["kernels_slower"]) == (2, 1, 0)
-    assert t["predicted_ms"] == pytest.approx((2 * 5 + 30) / 1e3)
-    assert t["measured_ms"] == pytest.approx((2 * 8 + 30) / 1e3)
-    assert t["measured_speedup"] == pytest.approx((2 * 20 + 30) / (2 * 8 + 30))
-    assert "tuned" not in measured_summary([{**k, "tuned_measured_us": None} for k in ks])
+    ks = [_kernel("a", 2, 10.0, 20.0, 0, (3, 5.0, 8.0)), _kernel("b", 1, 30.0, 30.0, 0, (0, 30.0, 30.0)),
+          _kernel("c", 1, 5.0, 4.0, 1, (2, 4.0, None))]
+    t = measured_summary(ks).tuned
+    assert (t.kernels, t.changed, t.kernels_slower) == (2, 1, 0)
+    assert t.predicted_s == pytest.approx((2 * 5 + 30) / 1e6)
+    assert t.measured_s == pytest.approx((2 * 8 + 30) / 1e6)
+    assert t.measured_speedup == pytest.approx((2 * 20 + 30) / (2 * 8 + 30))
+    for k in ks:
+        k.tuned.measured_s = None
+    assert measured_summary(ks).tuned is None
+
+
+def test_predict_returns_the_default_schedules_total_and_says_so():
+    """`predict` on this CPU: one object whose total is the call-weighted sum of its kernels, each
+    naming the schedule it was predicted with (the default, untuned one); `tuned=N` adds each
+    kernel's pick and a second total, never above the default one; a Graph and a DeviceSpec are
+    accepted as they are and give the same prediction as the spec and the name."""
+    from tensorplan.devices import resolve
+    from tensorplan.zoo.specs import load_model
+
+    p = predict("tiny-cnn", device="local")
+    assert isinstance(p, NetworkPrediction) and p.domain == f"local-{usable_cores()}t" and p.kind == "cpu"
+    assert len(p.kernels) >= 4 and p.tuned == 0 and p.tuned_total_s is None and p.measured is None
+    assert all(k.default.kind == DEFAULT and k.default.sample is not None and k.tuned is None for k in p.kernels)
+    assert p.total_s == pytest.approx(sum(k.calls * k.predicted_s for k in p.kernels)) and p.total_s > 0
+    assert "default schedule" in p.what and "untuned" in p.what
+    d = p.to_dict()
+    assert d["total_ms"] == pytest.approx(sum(k["total_us"] for k in d["kernels"]) / 1e3)
+    assert d["n_kernels"] == len(p.kernels) and all(k["schedule"] == DEFAULT for k in d["kernels"])
+    assert d["predicted"] == p.what and json.loads(json.dumps(d)) == d
+    t = predict("tiny-cnn", device="local", tuned=3)
+    assert t.total_s == pytest.approx(p.total_s) and "predicted-fastest" in t.what
+    assert all(k.tuned.kind == TUNED and 1 <= k.tuned.candidates <= 3 for k in t.kernels)
+    assert all(k.tuned.predicted_s <= k.default.predicted_s * (1 + 1e-9) for k in t.kernels)
+    assert t.tuned_total_s == pytest.approx(sum(k.calls * k.tuned.predicted_s for k in t.kernels))
+    g = predict(load_model("tiny-cnn"), device=resolve("local"))
+    assert g.model == "tiny-cnn" and g.domain == p.domain
+    assert [k.key for k in g.kernels] == [k.key for k in p.kernels]
+    assert g.total_s == pytest.approx(p.total_s, rel=1e-5)
 
 
 @pytest.mark.slow
@@ -73,13 +116,18 @@ def test_tuned_prediction_ranks_each_kernels_schedules_and_times_the_picks(tmp_p
         mod = tvm.script.from_source((tmp_path / "sched" / e["file"]).read_text())
         tvm.compile(mod, target="llvm")
     with pytest.raises(TensorplanError, match="tuned"):
-        predict_network("tiny-mlp", tuned=-1)
+        predict("tiny-mlp", tuned=-1)
 
 
 def test_measure_only_on_this_machines_domains():
-    assert local_threads("local-1t") == 1
+    from tensorplan.devices import resolve
+
+    assert local_threads("local-1t") == 1 and local_threads("local") == usable_cores()
+    assert local_threads(resolve("local-1t")) == 1
     with pytest.raises(TensorplanError, match="'local' or 'local-<N>t', not 'zen4-1t'"):
-        predict_network("tiny-mlp", device="zen4-1t", measure=True)
+        predict("tiny-mlp", device="zen4-1t", measure=True)
+    with pytest.raises(TensorplanError, match="not 'epyc-9654'"):
+        local_threads(resolve("epyc-9654"))
     with pytest.raises(TensorplanError, match="cannot time kernels at 512 threads"):
         local_threads("local-512t")
 
@@ -127,58 +175,63 @@ def test_a_gpu_is_predicted_from_cuda_programs_with_the_shipped_h100_model():
     """`--device h100` schedules every kernel for the H100's CUDA target (no GPU needed) and predicts
     with the model trained on the H100's measured programs; a CPU-trained model is refused."""
     from tensorplan.cdmpp.predict import SHIPPED_GPU_MODEL
-    r = predict_network("tiny-cnn", device="h100")
-    assert r["kind"] == "gpu" and r["trained_on"] == ["h100"] and r["warning"] is None
-    assert r["weights"] == str(SHIPPED_GPU_MODEL) and r["n_kernels"] >= 4
-    assert all(k["schedule"].startswith("meta-schedule sample") and k["predicted_us"] > 0 for k in r["kernels"])
-    assert r["total_ms"] == pytest.approx(sum(k["total_us"] for k in r["kernels"]) / 1e3)
+    from tensorplan.devices import resolve
+
+    r = predict("tiny-cnn", device="h100")
+    assert r.kind == "gpu" and r.trained_on == ["h100"] and r.warning is None and not r.zero_shot
+    assert r.weights == str(SHIPPED_GPU_MODEL) and len(r.kernels) >= 4
+    assert all(k.default.kind == DEFAULT and k.default.sample is not None and k.predicted_s > 0 for k in r.kernels)
+    assert r.total_s == pytest.approx(sum(k.total_s for k in r.kernels))
     with pytest.raises(TensorplanError, match="is a GPU, but .* was trained on CPU domains only"):
-        predict_network("tiny-cnn", device="h100", weights=str(SHIPPED_GPU_MODEL.with_name("cdmpp-local.pt")))
+        predict("tiny-cnn", device="h100", weights=str(SHIPPED_GPU_MODEL.with_name("cdmpp-local.pt")))
     with pytest.raises(TensorplanError, match="no CUDA target tag"):
-        predict_network("tiny-cnn", device="sd855-gpu")
-    # the catalog's h100-sxm is the H100 the model learnt (same device vector): no zero-shot warning
-    sxm = predict_network("tiny-cnn", device="h100-sxm")
-    assert sxm["same_device_as"] == "h100" and sxm["warning"] is None
-    assert sxm["total_ms"] == pytest.approx(r["total_ms"])
-    pcie = predict_network("tiny-cnn", device="h100-pcie")
-    assert pcie["same_device_as"] is None and "zero-shot" in pcie["warning"]
+        predict("tiny-cnn", device="sd855-gpu")
+    # the catalog's h100-sxm is the H100 the model learnt (same device vector): no zero-shot warning,
+    # named or passed as its spec
+    for dev in ("h100-sxm", resolve("h100-sxm")):
+        sxm = predict("tiny-cnn", device=dev)
+        assert sxm.same_device_as == "h100" and sxm.warning is None
+        assert sxm.total_s == pytest.approx(r.total_s)
+    pcie = predict("tiny-cnn", device="h100-pcie")
+    assert pcie.same_device_as is None and pcie.zero_shot and "zero-shot" in pcie.warning
     # TVM has no H200 tag: the catalog schedules it as the H100 (same die), the programs it ran
-    h200 = predict_network("tiny-cnn", device="h200")
-    assert [k["key"] for k in h200["kernels"]] == [k["key"] for k in r["kernels"]]
-    assert [k["sample"] for k in h200["kernels"]] == [k["sample"] for k in r["kernels"]]
-    assert "zero-shot" in h200["warning"] and h200["total_ms"] > 0
+    h200 = predict("tiny-cnn", device="h200")
+    assert [k.key for k in h200.kernels] == [k.key for k in r.kernels]
+    assert [k.default.sample for k in h200.kernels] == [k.default.sample for k in r.kernels]
+    assert "zero-shot" in h200.warning and h200.total_s > 0
 
 
 def test_big_convolutions_get_a_valid_cuda_schedule():
     """resnet-50's 3x3 convolutions need up to ~100 draws before the CUDA postprocessors accept one;
     with too few draws they fell back to the plain loop nest (no thread binding) and were predicted
     at 5-20 ms each."""
-    r = predict_network("resnet-50", device="h100")
-    assert r["unscheduled"] == []
-    assert all(k["schedule"].startswith("meta-schedule sample") for k in r["kernels"])
+    r = predict("resnet-50", device="h100")
+    assert r.unscheduled == []
+    assert all(k.default.kind == DEFAULT for k in r.kernels)
 
 
 def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
     import numpy as np
 
     from tensorplan.cdmpp.model import device_features, load_shipped
-    r = predict_network("tiny-mlp", device="epyc-9654")
-    assert r["kind"] == "cpu" and "never on 'epyc-9654'" in r["warning"] and "calibrate" in r["warning"]
+    r = predict("tiny-mlp", device="epyc-9654")
+    assert r.kind == "cpu" and r.zero_shot and "never on 'epyc-9654'" in r.warning and "calibrate" in r.warning
     # the same domain name learnt with another machine's device vector is zero-shot too
     est = load_shipped()
     here = device_features("local-1t")
     for name, vec, warned in (("same", here, False), ("other", np.asarray(here) * 1.5, True)):
         est.domain_features_ = {"local-1t": list(map(float, vec))}
         p = est.save(tmp_path / f"{name}.pt")
-        r = predict_network("tiny-mlp", device="local-1t", weights=str(p))
-        assert (r["warning"] is not None and "learnt 'local-1t' on another machine" in r["warning"]) == warned
+        r = predict("tiny-mlp", device="local-1t", weights=str(p))
+        assert (r.warning is not None and "learnt 'local-1t' on another machine" in r.warning) == warned
     # and it says which figures differ, in natural units, and that they lie outside what it learnt
-    assert "peak_gflops" in r["warning"] and "mem_bw_gbs" in r["warning"]
-    assert "outside every device the model learnt" in r["warning"]
+    assert "peak_gflops" in r.warning and "mem_bw_gbs" in r.warning
+    assert "outside every device the model learnt" in r.warning
+    assert any(o.startswith("mem_bw_gbs") for o in r.outside_learnt)
     # a model that learnt this CPU as another domain (zen4-1t) predicts it in-domain: no warning
     est.domain_features_ = {"local-1t": list(map(float, np.asarray(here) * 1.5)), "zen4-1t": list(map(float, here))}
-    r = predict_network("tiny-mlp", device="local-1t", weights=str(est.save(tmp_path / "both.pt")))
-    assert r["warning"] is None and r["same_device_as"] == "zen4-1t"
+    r = predict("tiny-mlp", device="local-1t", weights=str(est.save(tmp_path / "both.pt")))
+    assert r.warning is None and r.same_device_as == "zen4-1t" and not r.zero_shot
 
 
 def test_device_feature_differences_name_the_figures_that_moved():
@@ -222,11 +275,11 @@ def test_a_dynamic_model_needs_its_shapes_and_then_predicts_static_kernels(tmp_p
     torch.onnx.export(net, (torch.randn(1, 3, 32, 32),), str(path), dynamo=False, input_names=["img"],
                       output_names=["out"], dynamic_axes={"img": {0: "batch", 2: "h", 3: "w"}}, opset_version=17)
     with pytest.raises(TensorplanError, match="img.*symbolic dimension.*--input-shape"):
-        predict_network(str(path))
-    small = predict_network(str(path), input_shapes={"img": (1, 3, 32, 32)})
-    big = predict_network(str(path), input_shapes={"img": (1, 3, 128, 128)})
-    assert 0 < small["total_ms"] < big["total_ms"]
-    assert small["n_kernels"] >= 2 and not small["not_predicted"]
+        predict(str(path))
+    small = predict(str(path), input_shapes={"img": (1, 3, 32, 32)})
+    big = predict(str(path), input_shapes={"img": (1, 3, 128, 128)})
+    assert 0 < small.total_s < big.total_s
+    assert len(small.kernels) >= 2 and not small.not_predicted
 
 
 def test_gpu_predictions_are_checked_against_the_h100_timings_of_the_same_programs():
@@ -240,7 +293,7 @@ def test_gpu_predictions_are_checked_against_the_h100_timings_of_the_same_progra
     spec.loader.exec_module(gpc)
     timed = gpc.measured_programs()
     assert len(timed) > 3000 and all(v["us"] > 0 for v in timed.values())
-    res = gpc.check(predict_network("tiny-cnn", device="h100"), timed)
+    res = gpc.check(predict("tiny-cnn", device="h100"), timed)
     s = res["summary"]
     assert s["whole_network"] and s["kernels_measured"] == s["kernels"] >= 4
     assert 0.2 < s["total_ratio"] < 5 and s["measured_ms"] > 0
@@ -382,8 +435,8 @@ def test_a_corrupt_model_file_is_one_clear_error(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a protobuf at all")
     with pytest.raises(TensorplanError, match="bad.onnx: not a valid ONNX model"):
-        predict_network(str(bad))
+        predict(str(bad))
     empty = tmp_path / "empty.onnx"
     empty.write_bytes(b"")
     with pytest.raises(TensorplanError, match="empty.onnx: file is empty"):
-        predict_network(str(empty))
+        predict(str(empty))

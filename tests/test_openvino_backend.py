@@ -48,7 +48,7 @@ def test_openvino_region_matches_onnxruntime_and_writes_in_place(model):
 def test_measured_cost_times_openvino_for_regions_and_the_plan_runs(tmp_path):
     from tensorplan.cost.measured import MeasuredCost
     from tensorplan.measure.store import Store
-    from tensorplan.workflows import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.executor import run_plan
     g, fr, reg = _whole_region("tiny-cnn")
     cm = MeasuredCost(store=Store(tmp_path / "s.sqlite"), device="local", threads=2, budget_s=0.005)

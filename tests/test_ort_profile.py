@@ -30,7 +30,7 @@ def test_conv_classes_from_a_real_profile(ort_profile):
 
 def test_activation_probe_swaps_silu_and_hardswish(ort_profile):
     from tensorplan.zoo.specs import load_model
-    from tensorplan.rewrite.rules import rewrite
+    from tensorplan.rewrite import rewrite
 
     g = rewrite(load_model("yolox-nano")).graph
     probe, n = ort_profile.relu_for_activations(g)
@@ -50,7 +50,7 @@ def test_activation_probe_swaps_silu_and_hardswish(ort_profile):
 
 def test_silu_values_and_activation_pass_rates(ort_profile):
     from tensorplan.zoo.specs import load_model
-    from tensorplan.rewrite.rules import rewrite
+    from tensorplan.rewrite import rewrite
 
     g = rewrite(load_model("yolox-nano")).graph
     shapes = ort_profile.silu_shapes(g)

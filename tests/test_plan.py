@@ -10,7 +10,7 @@ import pytest
 
 from tensorplan.errors import PlanError
 from tensorplan.runtime.plan import Plan, plan_buffers, verify
-from tensorplan.workflows import orchestrate
+from tensorplan.workflows.orchestrate import orchestrate
 from tensorplan.runtime.plan import PlanKernel
 
 zoo = pytest.importorskip("tensorplan.zoo")

@@ -12,7 +12,7 @@ from tensorplan.errors import PlanError
 from tensorplan.korch.fission import category, fission
 from tensorplan.ir.reference import rel_error, run_reference
 from tensorplan.ir.to_onnx import run_onnxruntime
-from tensorplan.workflows import orchestrate
+from tensorplan.workflows.orchestrate import orchestrate
 from tensorplan.runtime.plan import verify
 from tensorplan.runtime.plan import _check_convex, PlanKernel
 from tensorplan.korch.regions import NORM_OPS, enumerate_regions, intervals, segments

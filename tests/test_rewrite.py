@@ -1,5 +1,5 @@
-"""Exact algebraic rewrites (rewrite/rules.py): each rule fires where it should, not where it
-must not, and the rewritten graph gives ONNX Runtime's output of the original model."""
+"""Exact algebraic rewrites (tensorplan.rewrite): each rule fires where it should, not
+where it must not, and the rewritten graph gives ONNX Runtime's output of the original model."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +10,8 @@ from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir import analysis
 from tensorplan.ir.onnx_import import import_onnx
 from tensorplan.ir.reference import rel_error
-from tensorplan.rewrite.rules import output_phase_factor, rewrite
 from tensorplan.ir.to_onnx import run_onnxruntime
+from tensorplan.rewrite import output_phase_factor, rewrite
 
 TOL = 1e-5
 
@@ -122,7 +122,7 @@ def test_zoo_decoder_rewrites_match_onnxruntime(model, counts, flops_below):
 
 
 def test_plan_records_rewrites_runs_them_and_rejects_a_mismatch(tmp_path):
-    from tensorplan.workflows import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.plan import Plan
     from tensorplan.runtime.executor import run_plan
     path = tmp_path / "decoder.onnx"
@@ -214,7 +214,7 @@ def test_upsample_conv_phases_does_not_fire_where_it_would_be_wrong(kw):
 def test_phase_rewritten_plan_runs_on_compiled_kernels(tmp_path):
     # the new Pad(edge) / Slice / Concat / DepthToSpace primitives go through fission, TVM
     # lowering and the executor; the result is checked against ORT on the *original* model
-    from tensorplan.workflows import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.executor import run_plan
     path = tmp_path / "upconv.onnx"
     path.write_bytes(upsample_conv_model().SerializeToString())
@@ -251,7 +251,7 @@ def conv3x3_model(n=1, c=6, k=5, h=9, w=11, pads=(1, 1, 1, 1), bias=True, stride
     {"n": 2},                                       # batch: GEMM over both images' tiles
 ])
 def test_winograd_is_exact_on_named_convs(kw):
-    from tensorplan.rewrite.rules import WINOGRAD, winograd_convs
+    from tensorplan.rewrite import WINOGRAD, winograd_convs
     g = import_onnx(conv3x3_model(**kw))
     assert [n.name for n in winograd_convs(g)] == ["conv"]
     assert rewrite(g).applied == []                 # only on request
@@ -267,7 +267,7 @@ def test_winograd_is_exact_on_named_convs(kw):
 @pytest.mark.parametrize("kw", [{"stride": 2}, {"group": 2}, {"kernel": 5, "pads": (2, 2, 2, 2)},
                                 {"h": 4, "w": 4, "pads": (0, 0, 0, 0)}])  # output 2x2: less than a tile
 def test_winograd_refuses_convs_it_cannot_compute(kw):
-    from tensorplan.rewrite.rules import winograd_convs
+    from tensorplan.rewrite import winograd_convs
     g = import_onnx(conv3x3_model(**kw))
     assert winograd_convs(g) == []
     with pytest.raises(TensorplanError, match="not an eligible 3x3 convolution"):
@@ -275,7 +275,7 @@ def test_winograd_refuses_convs_it_cannot_compute(kw):
 
 
 def test_winograd_plan_records_the_convs_and_runs(tmp_path):
-    from tensorplan.workflows import orchestrate
+    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.executor import run_plan
     path = tmp_path / "conv.onnx"
     path.write_bytes(conv3x3_model(h=12, w=12).SerializeToString())

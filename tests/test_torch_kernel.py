@@ -13,7 +13,7 @@ from tensorplan import zoo
 from tensorplan.korch.fission import fission
 from tensorplan.ir.graph import Graph, Node, Tensor
 from tensorplan.ir.reference import random_feeds, rel_error, run_reference
-from tensorplan.rewrite.rules import rewrite
+from tensorplan.rewrite import rewrite
 from tensorplan.korch.candidates import enumerate_candidates
 from tensorplan.kernels.torch_kernel import build_kernel, run_graph, supported_ops
 

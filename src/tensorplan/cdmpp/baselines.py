@@ -5,7 +5,7 @@
   hyperparameters). TenSet's own label (throughput normalised per task) cannot give absolute
   latency, so log seconds is used for every model here. Options past TenSet: `parts=True` adds
   the program's log compute / DRAM-footprint / cache-traffic seconds on its device
-  (`cdmpp.hierarchy_parts`), `base="hierarchy"` regresses log(latency / `hierarchy_seconds`), so
+  (`analytic.hierarchy_parts`), `base="hierarchy"` regresses log(latency / `hierarchy_seconds`), so
   trees, which cannot extrapolate, predict a bounded factor and the estimate carries the scale.
 - `TenSetMLP`: TenSet's SegmentSumMLP: per-store MLP, sum over stores, two residual blocks; the
   device vector is added after the sum so one model covers several devices.
@@ -24,7 +24,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.model import LEAF_DIM, Estimator, FeatureScaler, ProgramArrays, _labelled, as_arrays, device_peak_bw, fit_cache_ratio, hierarchy_seconds, program_bytes, register, torch_threads
+from tensorplan.cdmpp.analytic import device_peak_bw, fit_cache_ratio, hierarchy_seconds, program_bytes
+from tensorplan.cdmpp.arrays import LEAF_DIM, FeatureScaler, ProgramArrays, as_arrays, labelled_latency
+from tensorplan.cdmpp.base import Estimator, torch_threads
 from tensorplan.cdmpp.tasks import TASK_IO_DIM
 
 def summed_features(arr: ProgramArrays) -> np.ndarray:
@@ -46,7 +48,7 @@ def store_stat_features(arr: ProgramArrays, stats: Sequence[str]) -> list[np.nda
     """Per-store features pooled beyond the sum: "max" / "min" over stores, the "last" / "first" store's row.
 
     A sum mixes a fused kernel's init, compute and epilogue stores; the max keeps the heaviest
-    store's figures and the last row is the kernel's output store (`bench/cdmpp_xgb_capacity.py`)."""
+    store's figures and the last row is the kernel's output store."""
     wanted = [s for s in STORE_STATS[1:] if s in stats]
     if not len(arr):
         return [np.zeros((0, LEAF_DIM), np.float32) for _ in wanted]
@@ -64,7 +66,6 @@ def _log_target(y: np.ndarray) -> tuple[np.ndarray, float, float]:
 
 
 # --------------------------------------------------------------------------------------------
-@register
 class TenSetXGB(Estimator):
     """XGBoost on summed per-store features (TenSet params: depth 6, gamma 0.003, mcw 2, eta 0.2).
 
@@ -120,7 +121,7 @@ class TenSetXGB(Estimator):
         import xgboost as xgb
 
         tr = as_arrays(train)
-        y = _labelled(tr, "xgboost.fit")
+        y = labelled_latency(tr, "xgboost.fit")
         if self.parts or self.base != "none":
             self.cache_ratio = fit_cache_ratio(tr.cached_hierarchy_parts, y, tr.task_key)
         dtr = xgb.DMatrix(self._features(tr), label=np.log(y) - self._offset(tr))
@@ -183,7 +184,7 @@ class _TorchRegressor(Estimator):
 
         torch.manual_seed(self.seed)
         tr = as_arrays(train)
-        y = _labelled(tr, f"{self.name}.fit")
+        y = labelled_latency(tr, f"{self.name}.fit")
         yn, self.y_mean, self.y_std = _log_target(y)
         w = float(yn.max() - yn.min())  # predictions are clipped to the training range +- half its width
         self.y_lo, self.y_hi = float(yn.min()) - 0.5 * w, float(yn.max()) + 0.5 * w
@@ -256,7 +257,6 @@ class _TorchRegressor(Estimator):
         self.net.eval()
 
 
-@register
 class TenSetMLP(_TorchRegressor):
     """TenSet SegmentSumMLP: per-store 164->256->256 MLP, sum over stores, 2 residual blocks, ->1."""
 
@@ -374,7 +374,6 @@ def _name_bucket(name: str, buckets: int) -> int:
     return zlib.crc32(re.sub(r"\d+", "", name).encode()) % buckets
 
 
-@register
 class TLPModel(_TorchRegressor):
     """TLP (ASPLOS'23) over the schedule trace: one row per instruction [kind one-hot | name
     multi-hot | slog numeric args], a leading *task* row, self-attention, masked mean, decoder.
@@ -523,7 +522,6 @@ class TLPModel(_TorchRegressor):
 
 
 # --------------------------------------------------------------------------------------------
-@register
 class RooflineLinear(Estimator):
     """log t = w · [1, log(FLOPs/peak), log(bytes/bw), log(max of both)]: least squares on train."""
 
@@ -544,7 +542,7 @@ class RooflineLinear(Estimator):
 
     def fit(self, train, val=None, target=None):
         tr = as_arrays(train)
-        y = np.log(_labelled(tr, "roofline.fit"))
+        y = np.log(labelled_latency(tr, "roofline.fit"))
         X = self._design(tr)
         self.w = np.linalg.solve(X.T @ X + self.ridge * np.eye(X.shape[1]), X.T @ y)
         return self

@@ -2,12 +2,10 @@
 
 Why: a new device mostly rescales a program's latency by a factor that depends on a few program
 properties (is there a parallel loop and how long is it, vector width, unrolling) and on its size
-(fixed per-call costs such as thread-pool wake-up dominate kernels of a few µs). On this CPU the
-1-thread / 2-thread latency ratio is 1.96 (median) for programs with a parallel loop, 1.00 without
-one, and spreads from 0.17 to 2.0 (5th-95th percentile) for kernels under 10 µs
-(`python bench/cdmpp_device_ratio.py`). Fine-tuning
-network weights on a few hundred samples learns that factor poorly (reference/cdmpp.md §3; measured
-in `tensorplan predictor evaluate`). Here the trained model keeps predicting *as on the source device* and a
+(fixed per-call costs such as thread-pool wake-up dominate kernels of a few µs): a program with a
+parallel loop gains from a second thread, one without does not. Fine-tuning network weights on a
+few hundred samples learns that factor poorly (reference/cdmpp.md §3; compare both in
+`tensorplan predictor evaluate --splits device`). Here the trained model keeps predicting *as on the source device* and a
 small gradient-boosted tree model, fitted on the few target samples, predicts
 log(target latency / source prediction) from those properties and the source prediction itself.
 
@@ -20,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.model import Estimator, ProgramArrays, _labelled, as_arrays, device_features, estimator_blob, estimator_from_blob, register
+from tensorplan.cdmpp.arrays import ProgramArrays, as_arrays, device_features, labelled_latency
+from tensorplan.cdmpp.base import Estimator, estimator_blob, estimator_from_blob
 
 #: Leaf features whose max / min over a program's stores feed the correction model.
 CORRECTION_FEATURES = ("parallel_num", "parallel_prod", "parallel_len", "vec_prod", "unroll_prod")
@@ -39,7 +38,6 @@ def correction_inputs(arr: ProgramArrays, source_pred_s: np.ndarray) -> np.ndarr
                       np.log2(arr.n_leaves)[:, None]]).astype(np.float32)
 
 
-@register
 class Calibrated(Estimator):
     """`base` predicts as on `source`; a depth-2 boosted-tree model corrects to the target device."""
 
@@ -49,7 +47,7 @@ class Calibrated(Estimator):
                  n_rounds: int = 100, eta: float = 0.1, min_child_weight: float = 3.0, seed: int = 0,
                  source_features: list[float] | None = None):
         """`source_features`: the source domain's device vector as recorded with its data
-        (`cdmpp.device_features(source, dataset.devices)`); default: resolve `source` here."""
+        (`arrays.device_features(source, dataset.devices)`); default: resolve `source` here."""
         self.base, self.source = base, source
         self.source_features = None if source_features is None else [float(x) for x in source_features]
         self.max_depth, self.n_rounds, self.eta, self.min_child_weight, self.seed = (
@@ -73,7 +71,7 @@ class Calibrated(Estimator):
         import xgboost as xgb
 
         arr = as_arrays(train)
-        y = _labelled(arr, "calibrated.fit")
+        y = labelled_latency(arr, "calibrated.fit")
         if len(arr) < 8:
             raise TensorplanError(f"calibrated: need at least 8 target samples to fit a correction, got {len(arr)}")
         sp = self.source_predict(arr)

@@ -41,7 +41,7 @@ import numpy as np
 
 from tensorplan.errors import TensorplanError
 from tensorplan.progress import progress_bar
-from tensorplan.cdmpp.tasks import task_io_vector
+from tensorplan.cdmpp.tasks import replay_trace, task_io_vector, trace_json
 
 PROGRAM_KIND = "cdmpp_program"
 TASK_KIND = "cdmpp_task"
@@ -64,39 +64,6 @@ def default_data_dir() -> Path:
 
 
 # =========================================================================== collection
-
-def _plain(o: Any) -> Any:
-    """TVM ffi containers / IntImm -> plain JSON values (trace JSON for storage)."""
-    if o is None or isinstance(o, (bool, int, float)):
-        return o
-    if isinstance(o, str):
-        return str(o)
-    if isinstance(o, dict) or hasattr(o, "items"):
-        return {str(k): _plain(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)) or hasattr(o, "__len__") and hasattr(o, "__getitem__") and not hasattr(o, "value"):
-        return [_plain(x) for x in o]
-    if hasattr(o, "value"):
-        return o.value
-    return str(o)
-
-
-def trace_json(sch) -> list:
-    """The schedule's trace (with postprocessor steps) as plain JSON; replay with `replay_trace`."""
-    return _plain(sch.trace.as_json())
-
-
-def replay_trace(mod, trace: list | str):
-    """Rebuild the scheduled IRModule from a task's `mod` and a stored trace (JSON list or string)."""
-    from tvm import s_tir
-    if isinstance(trace, str):
-        trace = json.loads(trace)
-    sch = s_tir.Schedule(mod)
-    try:
-        s_tir.Trace.apply_json_to_schedule(trace, sch)
-    except Exception as e:  # noqa: BLE001
-        raise TensorplanError(f"replay_trace: stored trace does not apply to the task's PrimFunc: {e}") from None
-    return sch
-
 
 def _seed(task_key: str, i: int) -> int:
     h = int(hashlib.sha1(f"{task_key}:{i}".encode()).hexdigest()[:8], 16)

@@ -1,8 +1,7 @@
 """Deep / bagged ensembles: K seeded copies of one latency model, with a spread per prediction.
 
 Why: on unseen networks a single model's error is dominated by a few kernels predicted many-fold
-off, and which kernels those are changes with the seed (CDMPP's held-out-network MAPE moves by
-10-30 points between seeds, docs/cdmpp.md). Averaging the members' log predictions removes the
+off, and which kernels those are changes with the seed. Averaging the members' log predictions removes the
 part of that error that is seed noise, and the members' disagreement is a per-program uncertainty
 that users see (`tensorplan predict` reports it) and that the point estimate uses:
 
@@ -22,10 +21,10 @@ from typing import Any, Callable
 import numpy as np
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.model import Estimator, as_arrays, estimator_blob, estimator_from_blob, register
+from tensorplan.cdmpp.arrays import as_arrays
+from tensorplan.cdmpp.base import Estimator, estimator_blob, estimator_from_blob
 
 
-@register
 class Ensemble(Estimator):
     """`members` trained alike with different seeds; predicts exp(mean log - shrink * var log)."""
 

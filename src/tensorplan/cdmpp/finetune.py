@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.model import FeatureScaler, ProgramArrays, as_arrays, cmd
+from tensorplan.cdmpp.arrays import FeatureScaler, ProgramArrays, as_arrays
 
 METHODS = ("kmeans", "random")
 
@@ -104,6 +104,8 @@ def selection_cmd(arr, idx: np.ndarray, k: int = 5) -> float:
     """CMD between the whole pool and the selected programs (lower = better coverage, §3.1 step 5)."""
     import torch
 
+    from tensorplan.cdmpp.model import cmd
+
     arr = as_arrays(arr)
     X = program_vectors(arr)
     return float(cmd(torch.from_numpy(X), torch.from_numpy(X[idx]), k))
@@ -143,8 +145,10 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
         raise TensorplanError(f"finetune: adapt must be one of {ADAPT}, got {adapt!r}")
     from pathlib import Path
 
-    from tensorplan.cdmpp.model import load_estimator, load_shipped, regression_metrics, resolve_domain
+    from tensorplan.cdmpp.base import load_estimator
     from tensorplan.cdmpp.dataset import load_dataset
+    from tensorplan.cdmpp.metrics import regression_metrics
+    from tensorplan.cdmpp.model import load_shipped, resolve_domain
 
     dom = resolve_domain(device)
     est = load_shipped() if model is None else load_estimator(model)
@@ -170,7 +174,7 @@ def finetune_device(device: str, *, model=None, data=None, n_tasks: int = 10, pe
         src = source or (known[0] if known else None)
         if src is None:
             raise TensorplanError(f"finetune --adapt calibrate: name a --source device; the data has only '{dom}'")
-        from tensorplan.cdmpp.model import device_features
+        from tensorplan.cdmpp.arrays import device_features
         est = Calibrated(est, source=src, seed=seed,
                          source_features=device_features(src, ds.devices).tolist()).fit(pool.subset(ft))
     else:

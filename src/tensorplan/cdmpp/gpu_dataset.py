@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 
 from tensorplan.errors import TensorplanError
 from tensorplan.progress import progress_bar
-from tensorplan.cdmpp.dataset import NETWORK_KIND, PROGRAM_KIND, TAG, TASK_KIND, TIMER_VERSION, CollectStats, _TaskState, _seed, default_data_dir, pace, record_outcome, round_robin, sample_schedule, task_arrays, trace_json
+from tensorplan.cdmpp.dataset import NETWORK_KIND, PROGRAM_KIND, TAG, TASK_KIND, TIMER_VERSION, CollectStats, _TaskState, _seed, default_data_dir, pace, record_outcome, round_robin, sample_schedule, task_arrays
+from tensorplan.cdmpp.tasks import trace_json
 
 DEFAULT_GPU_TARGET = "nvidia/nvidia-h100"
 

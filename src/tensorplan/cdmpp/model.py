@@ -20,630 +20,34 @@ Deviations from the released code, with reasons:
   uses unbounded ReLU features with a bound of 1);
 - normalisers (features, target) are fitted on the training split only.
 
-This module also holds the pieces every latency estimator shares (the `Estimator` face, the
-`ProgramArrays` view of a dataset, metrics), so `baselines.py` and `evaluate.py` stay small.
+The pieces every latency model shares live beside it: the data view (`arrays`), analytic
+estimates (`analytic`), metrics (`metrics`) and the `Estimator` face with its registry (`base`).
 """
 from __future__ import annotations
 
-import abc
-import functools
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from tensorplan.errors import TensorplanError
+from tensorplan.cdmpp.analytic import fit_cache_ratio, hierarchy_seconds, roofline_seconds
+from tensorplan.cdmpp.arrays import LEAF_DIM, FeatureScaler, ProgramArrays, as_arrays, device_features, labelled_latency
+from tensorplan.cdmpp.base import Estimator, load_estimator, torch_threads
+from tensorplan.cdmpp.metrics import regression_metrics
 from tensorplan.cdmpp.tasks import TASK_IO_DIM
 
-LEAF_DIM = 164
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 SHIPPED_MODEL = WEIGHTS_DIR / "cdmpp-local.pt"
 
 
 # --------------------------------------------------------------------------------------------
-# Data view shared by all estimators
-# --------------------------------------------------------------------------------------------
-
-def device_features(name: str, specs: "dict | None" = None) -> np.ndarray:
-    """Numeric device vector for domain `name` (`DeviceSpec.feature_vector()`, already log-scaled).
-
-    `specs`: a dataset's recorded devices ({name: {"spec": DeviceSpec dict}}, `Dataset.devices`);
-    a domain recorded there is described by the machine that measured it, not by whatever machine
-    runs this code (`local-1t` of the committed dataset is the CPU it was collected on). Other
-    names resolve through `tensorplan.devices.resolve`. Used as is, without a fitted scaler: with
-    one training device a fitted scaler would be degenerate.
-    """
-    from tensorplan.devices.spec import DeviceSpec
-
-    rec = (specs or {}).get(name) or {}
-    if not rec.get("spec"):
-        return _resolved_features(name)
-    try:
-        return np.asarray(DeviceSpec.from_dict(rec["spec"]).feature_vector(), dtype=np.float32)
-    except Exception as e:  # noqa: BLE001 - a damaged meta.json
-        raise TensorplanError(f"device '{name}': its recorded spec cannot be read ({e}); re-export the dataset") from e
-
-
-@functools.lru_cache(maxsize=64)
-def _resolved_features(name: str) -> np.ndarray:
-    from tensorplan.devices import resolve  # devices sits below predict in the layering
-
-    try:
-        v = np.asarray(resolve(name).feature_vector(), dtype=np.float64)
-    except TensorplanError:
-        raise
-    except Exception as e:  # pragma: no cover - depends on the devices helper
-        raise TensorplanError(f"device '{name}': cannot build its feature vector ({e})") from e
-    return v.astype(np.float32)
-
-
-@dataclass
-class ProgramArrays:
-    """Flat, index-able view of a set of programs: leaves packed in one array plus offsets.
-
-    This is what models consume; it is built once from a `dataset.Dataset` (or a list of compact
-    ASTs) so batches are gathered with numpy fancy indexing instead of Python loops.
-    """
-
-    leaf_data: np.ndarray            # [total_leaves, 164] float32
-    pos_data: np.ndarray             # [total_leaves] int64
-    offsets: np.ndarray              # [N+1] int64
-    device: np.ndarray               # [N, D] float32
-    device_name: np.ndarray          # [N] object
-    task_key: np.ndarray             # [N] object
-    latency_s: np.ndarray | None     # [N] float64 or None (unlabelled)
-    flops: np.ndarray | None = None  # [N] float64
-    trace: list | None = None        # per program: schedule trace (JSON-able) or None
-    record_id: np.ndarray | None = None
-    task_io: np.ndarray | None = None  # [N, TASK_IO_DIM] float32: log2 buffer sizes of the task
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def n_leaves(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def on_device(self, vec) -> "ProgramArrays":
-        """The same programs (leaf arrays shared) with every row's device vector set to `vec`: how a
-        model predicts them for one device (a calibration's source CPU, or this one)."""
-        import dataclasses
-        return dataclasses.replace(self, device=np.repeat(np.asarray(vec, np.float32)[None], len(self), axis=0))
-
-    def _hierarchy_cache(self) -> tuple[np.ndarray, np.ndarray]:
-        """(`hierarchy_parts`, their log), computed once per array (models read them per batch and
-        per fit step) and again when the FLOP counts, device vectors or leaves are replaced."""
-        key = (self.flops, self.device, self.leaf_data)
-        cached = self.__dict__.get("_parts")
-        if cached is None or any(a is not b for a, b in zip(cached[0], key)):
-            parts = hierarchy_parts(self)
-            cached = self.__dict__["_parts"] = (key, parts, np.log(np.maximum(parts, 1e-10)))
-        return cached[1], cached[2]
-
-    @property
-    def cached_hierarchy_parts(self) -> np.ndarray:
-        """[N, 3] `hierarchy_parts` (seconds) of these programs, cached."""
-        return self._hierarchy_cache()[0]
-
-    @property
-    def log_hierarchy_parts(self) -> np.ndarray:
-        """[N, 3] log of `hierarchy_parts` (seconds, floored at 0.1 ns), cached."""
-        return self._hierarchy_cache()[1]
-
-    def leaves(self, i: int) -> np.ndarray:
-        return self.leaf_data[self.offsets[i]:self.offsets[i + 1]]
-
-    def task_domains(self) -> np.ndarray:
-        """[N] object: 'task@device' per program, the group whose schedules are compared
-        (ranking, within-task spearman, per-task factors, task-relative spacing)."""
-        return np.array([f"{t}@{d}" for t, d in zip(self.task_key, self.device_name)], dtype=object)
-
-    def program_ids(self) -> np.ndarray:
-        """[N] uint64: a hash of each program's task and leaves (features and positions), the same
-        for one schedule timed on several devices (and for schedules of one task the features cannot
-        tell apart), so a model can tell which programs it was trained on. Computed once per array
-        (a model asks on every predict call), again when the leaves or task keys are replaced."""
-        import hashlib
-
-        key = (self.leaf_data, self.pos_data, self.offsets, self.task_key)
-        cached = self.__dict__.get("_program_ids")
-        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
-            return cached[1]
-        o = self.offsets
-        ids = np.array([int.from_bytes(hashlib.blake2b(str(self.task_key[i]).encode()
-                                                       + self.leaf_data[o[i]:o[i + 1]].tobytes()
-                                                       + self.pos_data[o[i]:o[i + 1]].tobytes(),
-                                                       digest_size=8).digest(), "little")
-                        for i in range(len(self))], dtype=np.uint64)
-        self.__dict__["_program_ids"] = (key, ids)
-        return ids
-
-    def subset(self, idx: Sequence[int] | np.ndarray) -> "ProgramArrays":
-        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
-        n = self.n_leaves[idx]
-        if len(idx) == 0:
-            n = np.zeros(0, np.int64)
-        starts = self.offsets[:-1][idx]
-        gather = (np.repeat(starts - (np.cumsum(n) - n), n)
-                  + np.arange(int(n.sum())))
-        return ProgramArrays(
-            leaf_data=self.leaf_data[gather], pos_data=self.pos_data[gather],
-            offsets=np.concatenate([[0], np.cumsum(n)]).astype(np.int64),
-            device=self.device[idx], device_name=self.device_name[idx], task_key=self.task_key[idx],
-            latency_s=None if self.latency_s is None else self.latency_s[idx],
-            flops=None if self.flops is None else self.flops[idx],
-            trace=None if self.trace is None else [self.trace[i] for i in idx],
-            record_id=None if self.record_id is None else self.record_id[idx],
-            task_io=None if self.task_io is None else self.task_io[idx])
-
-    def padded(self, idx: np.ndarray, max_leaves: int | None = None):
-        """Gather programs `idx` into ([B,L,164] leaves, [B,L] positions, [B,L] valid mask)."""
-        n = self.n_leaves[idx]
-        if max_leaves is not None:
-            n = np.minimum(n, max_leaves)
-        L = max(int(n.max()), 1)
-        ar = np.arange(L)
-        valid = ar[None, :] < n[:, None]
-        gi = np.where(valid, self.offsets[:-1][idx][:, None] + ar[None, :], 0)
-        x = self.leaf_data[gi]
-        x[~valid] = 0.0
-        p = np.where(valid, self.pos_data[gi], 0)
-        return x, p, valid
-
-    @staticmethod
-    def concat(parts: Iterable["ProgramArrays"]) -> "ProgramArrays":
-        parts = [p for p in parts if len(p)]
-        if not parts:
-            raise TensorplanError("cannot concatenate an empty list of program sets")
-        offs, base = [np.zeros(1, np.int64)], 0
-        for p in parts:
-            offs.append(p.offsets[1:] + base)
-            base += int(p.offsets[-1])
-
-        def cat(name):
-            vals = [getattr(p, name) for p in parts]
-            return None if any(v is None for v in vals) else np.concatenate(vals)
-
-        traces = None if any(p.trace is None for p in parts) else sum((list(p.trace) for p in parts), [])
-        return ProgramArrays(
-            leaf_data=np.concatenate([p.leaf_data for p in parts]),
-            pos_data=np.concatenate([p.pos_data for p in parts]),
-            offsets=np.concatenate(offs), device=np.concatenate([p.device for p in parts]),
-            device_name=np.concatenate([p.device_name for p in parts]),
-            task_key=np.concatenate([p.task_key for p in parts]), latency_s=cat("latency_s"),
-            flops=cat("flops"), trace=traces, record_id=cat("record_id"), task_io=cat("task_io"))
-
-    @classmethod
-    def from_programs(cls, leaves: Sequence[np.ndarray], positions: Sequence[np.ndarray],
-                      device: str | Sequence[str], task_key: Sequence[str] | None = None,
-                      latency_s: Sequence[float] | None = None, flops: Sequence[float] | None = None,
-                      trace: Sequence | None = None, specs: dict | None = None,
-                      task_io: Sequence[Sequence[float]] | None = None) -> "ProgramArrays":
-        """Build from per-program leaf matrices (e.g. `features.compact_ast(f).leaf_features`);
-        `specs`: recorded device specs by name (see `device_features`); `task_io`: per program,
-        `tasks.task_io_of` (what a roofline-relative or task-size-aware CDMPP reads)."""
-        N = len(leaves)
-        names = np.array([device] * N if isinstance(device, str) else list(device), dtype=object)
-        for i, lf in enumerate(leaves):
-            if lf.ndim != 2 or lf.shape[1] != LEAF_DIM or lf.shape[0] == 0:
-                raise TensorplanError(f"program {i}: leaf features must be [n>=1, {LEAF_DIM}], got {lf.shape}")
-        n = np.array([len(lf) for lf in leaves], dtype=np.int64)
-        vec = {d: device_features(d, specs) for d in set(names.tolist())}
-        return cls(
-            leaf_data=np.concatenate([np.asarray(lf, np.float32) for lf in leaves]) if N else
-            np.zeros((0, LEAF_DIM), np.float32),
-            pos_data=np.concatenate([np.asarray(p, np.int64).reshape(-1) for p in positions]) if N else
-            np.zeros(0, np.int64),
-            offsets=np.concatenate([[0], np.cumsum(n)]).astype(np.int64),
-            device=np.stack([vec[d] for d in names]) if N else np.zeros((0, 1), np.float32),
-            device_name=names,
-            task_key=np.array(list(task_key) if task_key is not None else [""] * N, dtype=object),
-            latency_s=None if latency_s is None else np.asarray(latency_s, np.float64),
-            flops=None if flops is None else np.asarray(flops, np.float64),
-            trace=None if trace is None else list(trace),
-            task_io=None if task_io is None else np.asarray(task_io, np.float32).reshape(N, -1))
-
-
-def as_arrays(data: Any) -> ProgramArrays:
-    """Accept a `ProgramArrays` or a `predict.dataset.Dataset` (records + aligned leaves/positions)."""
-    if isinstance(data, ProgramArrays):
-        return data
-    cached = getattr(data, "_tp_arrays", None)
-    if cached is not None:
-        return cached
-    recs = getattr(data, "records", None)
-    if recs is None or not hasattr(data, "leaves"):
-        raise TensorplanError(f"expected a Dataset or ProgramArrays, got {type(data).__name__}")
-    cols = set(recs.columns)
-    dev_col = "device" if "device" in cols else "device_name"
-    lat = recs["latency_s"].to_numpy(np.float64) if "latency_s" in cols else None
-    if lat is not None and np.isnan(lat).all():
-        lat = None
-    arr = ProgramArrays.from_programs(
-        list(data.leaves), list(data.positions), device=list(recs[dev_col]),
-        task_key=list(recs["task_key"]), latency_s=lat,
-        flops=recs["flops"].to_numpy(np.float64) if "flops" in cols else None,
-        trace=list(recs["trace"]) if "trace" in cols else None, specs=getattr(data, "devices", None))
-    if "record_id" in cols:
-        arr.record_id = recs["record_id"].to_numpy()
-    if "task_io" in cols:
-        arr.task_io = np.asarray(list(recs["task_io"]), np.float32).reshape(len(recs), -1)
-    try:
-        object.__setattr__(data, "_tp_arrays", arr)
-    except Exception:
-        pass
-    return arr
-
-
-# Ansor per-store layout (reference §1.3): 5 buffer slots of 18 starting at 57; within a slot, field 3
-# is `bytes`, 4 `unique_bytes` (after the 3-way acc_type one-hot) and 9 the no-reuse flag of the
-# reuse-type one-hot. Values are slog-scaled.
-_BUF0, _BUF_W, _N_BUF, _BYTES, _UNIQUE_BYTES, _NO_REUSE = 57, 18, 5, 3, 4, 9
-
-
-def _inv_slog(x: np.ndarray) -> np.ndarray:
-    return np.sign(x) * (np.power(2.0, np.abs(x)) - 1.0)
-
-
-def program_bytes(arr: ProgramArrays) -> np.ndarray:
-    """Unique bytes touched per program: sum over stores and buffer slots (de-slogged)."""
-    return _per_program(arr, _buffer_field(arr, _UNIQUE_BYTES).sum(1))
-
-
-def _buffer_cols(field: int) -> list[int]:
-    """Leaf-feature columns of one per-buffer field (offset within a slot), one per slot."""
-    return [_BUF0 + _BUF_W * j + field for j in range(_N_BUF)]
-
-
-def _buffer_field(arr: ProgramArrays, field: int) -> np.ndarray:
-    """[n_leaves, 5] de-slogged values of one per-buffer field."""
-    return _inv_slog(arr.leaf_data[:, _buffer_cols(field)].astype(np.float64)).clip(min=0)
-
-
-def _per_program(arr: ProgramArrays, per_leaf: np.ndarray) -> np.ndarray:
-    """Sum a per-leaf quantity over each program's leaves."""
-    return np.add.reduceat(per_leaf, arr.offsets[:-1]) if len(arr) else np.zeros(0)
-
-
-def program_footprint_traffic(arr: ProgramArrays) -> tuple[np.ndarray, np.ndarray]:
-    """(footprint, traffic) bytes per program, summed over stores and buffer slots.
-
-    Traffic is Ansor's `bytes`: every access counted, reuse included. Footprint counts each buffer's
-    bytes once: `bytes` where the access has no reuse (each element touched once, so the count is
-    the buffer's extent), `unique_bytes` otherwise. Ansor's `unique_bytes` alone is taken at the
-    innermost loop for accesses without reuse, which makes a 1.1 MB slice look like 1 KB.
-    """
-    traffic = _buffer_field(arr, _BYTES)
-    no_reuse = arr.leaf_data[:, _buffer_cols(_NO_REUSE)] > 0.5
-    footprint = np.where(no_reuse, traffic, _buffer_field(arr, _UNIQUE_BYTES))
-    return _per_program(arr, footprint.sum(1)), _per_program(arr, traffic.sum(1))
-
-
-def hierarchy_parts(arr: ProgramArrays) -> np.ndarray:
-    """[n, 3] seconds per program on its device: FLOPs / peak, footprint / DRAM bandwidth, traffic /
-    DRAM bandwidth. `hierarchy_seconds` weighs the last by the cache-to-DRAM bandwidth ratio."""
-    if arr.flops is None:
-        raise TensorplanError("cdmpp: a roofline-relative target needs the records' FLOP counts (column 'flops')")
-    peak, bw = device_peak_bw(arr)
-    footprint, traffic = program_footprint_traffic(arr)
-    return np.stack([np.maximum(arr.flops, 0.0) / peak, footprint / bw, traffic / bw], axis=1)
-
-
-def hierarchy_seconds(parts: np.ndarray, cache_ratio: float) -> np.ndarray:
-    """Memory-hierarchy time estimate: compute + DRAM footprint + all traffic at `cache_ratio` x the
-    DRAM bandwidth. Not a lower bound (timed kernels run on warm caches) but a tighter normaliser:
-    across the CPU dataset's tasks log(latency / estimate) spreads about a third less than with
-    `roofline_seconds` (`python bench/cdmpp_bases.py`)."""
-    return np.maximum(parts[:, 0] + parts[:, 1] + parts[:, 2] / cache_ratio, 1e-9)
-
-
-class TaskSpread:
-    """How uniform log(latency / estimate) is across tasks: the std of the per-task medians. The
-    grouping of records by task is done once, so many estimates can be scored cheaply."""
-
-    def __init__(self, latency_s: np.ndarray, task_key: Sequence[str] | None):
-        self.lat = np.asarray(latency_s, np.float64)
-        keys = np.asarray(task_key) if task_key is not None else np.arange(len(self.lat))
-        _, inv = np.unique(keys, return_inverse=True)
-        self.groups = np.split(np.argsort(inv, kind="stable"), np.cumsum(np.bincount(inv))[:-1])
-
-    def __call__(self, estimate_s: np.ndarray) -> float:
-        lr = np.log(self.lat / estimate_s)
-        return float(np.std([np.median(lr[g]) for g in self.groups]))
-
-
-def fit_cache_ratio(parts: np.ndarray, latency_s: np.ndarray, task_key: Sequence[str] | None,
-                    grid: Sequence[float] = (1, 2, 4, 8, 16, 32)) -> float:
-    """The cache-to-DRAM bandwidth ratio that makes log(latency / estimate) most uniform across tasks
-    (`TaskSpread`; per record when tasks are unknown), chosen on training data only."""
-    spread = TaskSpread(latency_s, task_key)
-    return float(min(grid, key=lambda k: spread(hierarchy_seconds(parts, float(k)))))
-
-
-def device_peak_bw(arr: ProgramArrays) -> tuple[np.ndarray, np.ndarray]:
-    """(peak FLOP/s, memory bytes/s) of each record's device, from its device vector (the spec
-    recorded with the data, so a domain is described by the machine that measured it)."""
-    from tensorplan.devices.spec import FEATURE_NAMES
-
-    peak = (10.0 ** arr.device[:, FEATURE_NAMES.index("log10_peak_gflops")].astype(np.float64) - 1) * 1e9
-    bw = (10.0 ** arr.device[:, FEATURE_NAMES.index("log10_mem_bw_gbs")].astype(np.float64) - 1) * 1e9
-    return np.maximum(peak, 1.0), np.maximum(bw, 1.0)
-
-
-def roofline_seconds(arr: ProgramArrays) -> np.ndarray:
-    """Roofline lower bound per program on its device: max(FLOPs / peak, bytes / bandwidth).
-
-    Bytes: the larger of the features' unique bytes and, when the records carry it, the size of the
-    task's output (`task_io[0]`, fp32): Ansor's unique bytes of an access without reuse are one
-    innermost row (a 1 MB slice counts 1 KB), but every kernel writes its whole output. The inputs'
-    sizes are not a bound: a slice reads only part of its input. `hierarchy_seconds` counts the
-    bytes properly (`program_footprint_traffic`)."""
-    if arr.flops is None:
-        raise TensorplanError("cdmpp: a roofline-relative target needs the records' FLOP counts (column 'flops')")
-    peak, bw = device_peak_bw(arr)
-    nbytes = program_bytes(arr)
-    if arr.task_io is not None:
-        out_bytes = 4.0 * (np.power(2.0, arr.task_io[:, 0].astype(np.float64)) - 1.0)
-        nbytes = np.maximum(nbytes, out_bytes)
-    t = np.maximum(np.maximum(arr.flops, 0.0) / peak, nbytes / bw)
-    return np.maximum(t, 1e-9)
-
-
-class torch_threads:
-    """Run torch with `n` intra-op threads inside the block, then restore the previous count.
-
-    Default 1: on this shared 2-core machine, 2 torch threads under contention made a training step
-    20-40x slower (spinning OpenMP workers), 1 thread stays fast; small models gain little from 2.
-    """
-
-    def __init__(self, n: int | None):
-        self.n = n or 1
-
-    def __enter__(self):
-        import torch
-
-        self.prev = torch.get_num_threads()
-        if self.prev != self.n:
-            torch.set_num_threads(self.n)
-        return self
-
-    def __exit__(self, *exc):
-        import torch
-
-        if torch.get_num_threads() != self.prev:
-            torch.set_num_threads(self.prev)
-        return False
-
-
-# --------------------------------------------------------------------------------------------
-# Metrics (used by every model and the harness)
-# --------------------------------------------------------------------------------------------
-
-def regression_metrics(pred_s: np.ndarray, true_s: np.ndarray) -> dict[str, float]:
-    """MAPE (%), RMSE (ms) and accuracy within ±10% / ±20% APE, on seconds."""
-    pred_s, true_s = np.asarray(pred_s, np.float64), np.asarray(true_s, np.float64)
-    ape = np.abs(pred_s - true_s) / true_s
-    return {
-        "n": int(len(true_s)),
-        "mape_pct": float(100 * ape.mean()),
-        "rmse_ms": float(1e3 * np.sqrt(np.mean((pred_s - true_s) ** 2))),
-        "acc10_pct": float(100 * (ape <= 0.10).mean()),
-        "acc20_pct": float(100 * (ape <= 0.20).mean()),
-        "median_ape_pct": float(100 * np.median(ape)),
-        "mean_abs_log_ratio": float(np.mean(np.abs(np.log(pred_s / true_s)))),
-    }
-
-
-def within_task_spearman(pred_s: np.ndarray, true_s: np.ndarray, task_key: np.ndarray,
-                         min_programs: int = 5) -> float:
-    """Mean over tasks of Spearman's rho between predicted and measured latency of its schedules.
-
-    Tasks where either side is constant (rho undefined) are left out."""
-    from scipy.stats import spearmanr
-
-    rhos = []
-    for t in np.unique(task_key):
-        m = task_key == t
-        if m.sum() < min_programs or np.ptp(true_s[m]) == 0 or np.ptp(pred_s[m]) == 0:
-            continue
-        r = spearmanr(pred_s[m], true_s[m]).statistic
-        if np.isfinite(r):
-            rhos.append(r)
-    return float(np.mean(rhos)) if rhos else float("nan")
-
-
-# --------------------------------------------------------------------------------------------
-# Estimator face (scikit-learn style) shared with baselines
-# --------------------------------------------------------------------------------------------
-
-class Estimator(abc.ABC):
-    """Every latency model: params in `__init__`, `fit`, `predict` (seconds), `save`, `load`.
-
-    `fit(train, val=None, target=None)`: `target` is optional unlabelled target-domain data that a
-    domain-adaptive model may use (CDMPP's CMD); other models ignore it.
-    `finetune(data)`: adapt to a few labelled target samples; the default refits on nothing new
-    and must be overridden by models that can adapt.
-    """
-
-    name = "estimator"
-    #: True for models whose `finetune` adapts the trained model itself (CDMPP); the others refit.
-    adapts_by_finetune = False
-
-    def get_params(self) -> dict[str, Any]:
-        import inspect
-
-        sig = inspect.signature(type(self).__init__)
-        return {k: getattr(self, k) for k in sig.parameters if k != "self"}
-
-    @abc.abstractmethod
-    def fit(self, train, val=None, target=None) -> "Estimator":
-        """Fit on `train` (validation `val` for model selection, unlabelled `target` for CMD)."""
-
-    @abc.abstractmethod
-    def predict(self, records) -> np.ndarray:
-        """Latency in seconds per program."""
-
-    def finetune(self, data, base=None) -> "Estimator":
-        """Adapt to labelled target-domain `data`; default: refit on `base` + `data`."""
-        if base is None:
-            raise TensorplanError(f"{self.name}: finetune needs the base training set")
-        return self.fit(ProgramArrays.concat([as_arrays(base), as_arrays(data)]))
-
-    # state <-> bytes; subclasses implement _state/_set_state
-    @abc.abstractmethod
-    def _state(self) -> dict[str, Any]:
-        """Everything `save` must keep (arrays, weights, normalisers)."""
-
-    @abc.abstractmethod
-    def _set_state(self, state: dict[str, Any]) -> None:
-        """Restore what `_state` returned."""
-
-    def save(self, path: str | Path) -> Path:
-        import torch
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        blob = {"format": "tensorplan-estimator/1", "class": type(self).__name__,
-                "params": self.get_params(), "state": self._state(),
-                "domains": list(getattr(self, "domains_", None) or []),
-                "domain_features": dict(getattr(self, "domain_features_", None) or {})}
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(blob, tmp)
-        tmp.replace(path)
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Estimator":
-        import torch
-
-        path = Path(path)
-        if not path.exists():
-            raise TensorplanError(f"model file '{path}' does not exist")
-        hint = "pass a file written by `tensorplan predictor train` (or leave out --weights for the shipped model)"
-        try:
-            blob = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001 - pickle, zip and torch errors for a truncated or foreign file
-            raise TensorplanError(f"'{path}' is not a readable tensorplan model file "
-                                  f"({type(e).__name__}: {str(e)[:120]}); {hint}") from None
-        if not isinstance(blob, dict) or blob.get("format") != "tensorplan-estimator/1":
-            raise TensorplanError(f"'{path}' is not a tensorplan model file; {hint}")
-        klass = _REGISTRY.get(blob["class"])
-        if klass is None:
-            raise TensorplanError(f"'{path}': unknown model class {blob['class']}")
-        if cls is not Estimator and not issubclass(klass, cls):
-            raise TensorplanError(f"'{path}' holds a {blob['class']}, not a {cls.__name__}")
-        obj = klass(**blob["params"])
-        obj._set_state(blob["state"])
-        obj.domains_ = list(blob.get("domains") or [])  # [] = not recorded (a model saved before they were)
-        obj.domain_features_ = dict(blob.get("domain_features") or {})  # the device vector each was learnt with
-        return obj
-
-
-class WrappedEstimator(Estimator):
-    """A model built around one base model (`self.base`), which its saved state nests with
-    `estimator_blob`, so its own constructor takes no saved parameters."""
-
-    base: Estimator | None = None
-    # attributes `fit` sets from the validation split (task_relative's mix): results record them
-    chosen_on_validation: tuple[str, ...] = ()
-
-    def get_params(self) -> dict[str, Any]:
-        return {}
-
-    def _need_base(self, what: str) -> Estimator:
-        if self.base is None:
-            raise TensorplanError(f"{self.name}.{what}: no base model")
-        return self.base
-
-
-def wrapped_layers(model: Estimator) -> list[Estimator]:
-    """The model and the bases it wraps, outermost first (`xgboost-deep-rel-mape`: MapePoint,
-    TaskRelative, TenSetXGB)."""
-    layers = [model]
-    while isinstance(layers[-1], WrappedEstimator) and layers[-1].base is not None:
-        layers.append(layers[-1].base)
-    return layers
-
-
-def validation_choices(model: Estimator) -> dict[str, Any]:
-    """What each wrapper layer of `model` chose on the validation split, merged into one dict, so a
-    result file says e.g. which `mix` a `-rel` model ran with."""
-    return {k: getattr(layer, k) for layer in wrapped_layers(model)
-            for k in getattr(layer, "chosen_on_validation", ())}
-
-
-_REGISTRY: dict[str, type] = {}
-
-
-def register(klass):
-    _REGISTRY[klass.__name__] = klass
-    return klass
-
-
-def estimator_blob(m: Estimator) -> dict:
-    """A model nested inside another one's saved state (ensemble members, a calibrated base)."""
-    return {"class": type(m).__name__, "params": m.get_params(), "state": m._state()}
-
-
-def estimator_from_blob(b: dict, owner: str) -> Estimator:
-    """Rebuild what `estimator_blob` kept; `owner` names the enclosing model in the error."""
-    klass = _REGISTRY.get(b["class"])
-    if klass is None:
-        raise TensorplanError(f"{owner}: unknown model class {b['class']}")
-    m = klass(**b["params"])
-    m._set_state(b["state"])
-    return m
-
-
-def load_estimator(path: str | Path) -> Estimator:
-    """Load any saved tensorplan estimator (CDMPP or a baseline)."""
-    from tensorplan.cdmpp import baselines, calibrate, ensemble, leaf_experts, mape_point, task_relative  # noqa: F401  (registers the other estimator classes)
-
-    return Estimator.load(path)
-
-
-def _labelled(arr: ProgramArrays, what: str) -> np.ndarray:
-    if arr.latency_s is None:
-        raise TensorplanError(f"{what}: the data has no measured latencies")
-    y = arr.latency_s
-    if not np.all(np.isfinite(y)) or np.any(y <= 0):
-        raise TensorplanError(f"{what}: latencies must be finite and > 0")
-    return y
-
-
-# --------------------------------------------------------------------------------------------
 # Normalisers (fitted on the training split only)
 # --------------------------------------------------------------------------------------------
-
-@dataclass
-class FeatureScaler:
-    """Per-dimension min-max over the valid leaves of the training set (padding excluded)."""
-
-    lo: np.ndarray = field(default_factory=lambda: np.zeros(LEAF_DIM, np.float32))
-    scale: np.ndarray = field(default_factory=lambda: np.ones(LEAF_DIM, np.float32))
-    clip: float = 3.0
-
-    @classmethod
-    def fit(cls, leaf_data: np.ndarray) -> "FeatureScaler":
-        lo, hi = leaf_data.min(0), leaf_data.max(0)
-        rng = hi - lo
-        return cls(lo=lo.astype(np.float32), scale=np.where(rng > 1e-9, rng, 1.0).astype(np.float32))
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        return np.clip((x - self.lo) / self.scale, -self.clip, 1.0 + self.clip).astype(np.float32)
-
-    def to_dict(self) -> dict:
-        return {"lo": self.lo.tolist(), "scale": self.scale.tolist(), "clip": self.clip}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "FeatureScaler":
-        return cls(lo=np.asarray(d["lo"], np.float32), scale=np.asarray(d["scale"], np.float32),
-                   clip=float(d["clip"]))
-
 
 @dataclass
 class TargetTransform:
@@ -823,7 +227,6 @@ def _build_net(leaf_dim: int, dev_dim: int, d_model: int, n_layers: int, n_heads
     return CDMPPNet()
 
 
-@register
 class CDMPP(Estimator):
     """CDMPP: Transformer over compact-AST leaves + device MLP, hybrid loss, optional CMD."""
 
@@ -983,7 +386,7 @@ class CDMPP(Estimator):
 
         t0 = time.perf_counter()
         tr = as_arrays(train)
-        y = _labelled(tr, "cdmpp.fit")
+        y = labelled_latency(tr, "cdmpp.fit")
         torch.manual_seed(self.seed)
         self.scaler = FeatureScaler.fit(tr.leaf_data)
         if self.base == "hierarchy":
@@ -1014,12 +417,12 @@ class CDMPP(Estimator):
         given, is replayed: half of every batch comes from it, so a few dozen target samples adapt the
         model without erasing what the source taught it. CMD is off while fine-tuning (`target` is
         accepted and ignored): the labelled samples and the pool are the same domain, and aligning a
-        few dozen embeddings with the whole pool distorts them (measured: median APE 34% -> 70%).
+        few dozen embeddings with the whole pool distorts them.
         """
         if self.net is None:
             raise TensorplanError("cdmpp.finetune: the model is not trained (fit or load it first)")
         ft = as_arrays(data)
-        _labelled(ft, "cdmpp.finetune")
+        labelled_latency(ft, "cdmpp.finetune")
         self._check_dev(ft)
         steps = steps or self.finetune_steps
         bs = min(self.batch_size, len(ft))
@@ -1199,85 +602,6 @@ def load_shipped() -> Estimator:
 
 
 # --------------------------------------------------------------------------------------------
-# KernelCost adapter (optional; used by the planner when the kernel lowering exists)
-# --------------------------------------------------------------------------------------------
-
-class CDMPPCost:
-    """Planner cost model (`tensorplan.cost.KernelCost` protocol): predicted kernel latency.
-
-    `cost(prim, cand)`: lower the candidate (`program.lower`), apply the default schedule
-    (`program.schedule`), featurise its compact AST and ask CDMPP; cached per canonical hash, so a
-    plan's thousands of candidates cost milliseconds each instead of a compile-and-time. Candidates
-    that cannot be lowered to TIR (opaque ops, unsupported primitives) go to `fallback` (another
-    KernelCost, e.g. `cost.AnalyticalCost`; predict sits below cost, so it is passed in) or get
-    `math.inf` when none is given (a singleton without fallback is an error: the planner needs it).
-    """
-
-    name = "cdmpp"
-
-    def __init__(self, model: "CDMPP | str | Path | None" = None, device: str = "local", fallback=None,
-                 threads: int = 2):
-        self.model = load_shipped() if model is None else (
-            model if isinstance(model, Estimator) else load_estimator(model))
-        self.device = resolve_domain(device)
-        self.fallback = fallback
-        self.threads = threads
-        self._cache: dict[str, float] = {}
-        self.stats = {"predicted": 0, "fallback": 0, "featurize_s": 0.0}
-
-    def _ast(self, prim, cand):
-        """(compact AST, task_io) of the candidate's default-scheduled kernel, or None."""
-        from tensorplan.kernels.lower import lower
-        from tensorplan.kernels.schedule import default_schedule
-        from tensorplan.cdmpp.features import compact_ast
-        from tensorplan.cdmpp.tasks import task_io_of
-
-        if getattr(cand, "kind", "") == "opaque":
-            return None
-        try:
-            lowered = lower(cand.graph(prim), list(cand.outputs))
-            sch = default_schedule(lowered, threads=self.threads)
-            return compact_ast(sch), task_io_of(sch)
-        except Exception:  # noqa: BLE001 - not lowerable: fallback
-            return None
-
-    def cost(self, prim, cand) -> float:
-        return self.cost_many(prim, [cand])[0]
-
-    def cost_many(self, prim, cands, progress: bool = False) -> list[float]:
-        todo = [c for c in cands if c.canonical_hash not in self._cache]
-        asts, ios, keep = [], [], []
-        t0 = time.perf_counter()
-        for c in todo:
-            got = self._ast(prim, c)
-            a, io = got if got is not None else (None, None)
-            if a is None or a.n_leaves == 0:
-                if self.fallback is not None:
-                    self._cache[c.canonical_hash] = float(self.fallback.cost(prim, c))
-                elif len(c.nodes) == 1:
-                    raise TensorplanError(f"cdmpp cost: primitive {c.nodes[0]} cannot be lowered to TIR; "
-                                          "pass fallback=AnalyticalCost(...)")
-                else:
-                    self._cache[c.canonical_hash] = math.inf
-                self.stats["fallback"] += 1
-                continue
-            asts.append(a)
-            ios.append(io)
-            keep.append(c)
-        self.stats["featurize_s"] += time.perf_counter() - t0
-        if asts:
-            arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts],
-                                              device=self.device, flops=[a.flops for a in asts], task_io=ios)
-            for c, v in zip(keep, self.model.predict(arr)):
-                self._cache[c.canonical_hash] = float(v)
-            self.stats["predicted"] += len(asts)
-        return [self._cache[c.canonical_hash] for c in cands]
-
-    def describe(self) -> dict:
-        return {"name": self.name, "device": self.device, "model": type(self.model).__name__, **self.stats}
-
-
-# --------------------------------------------------------------------------------------------
 # Python API behind the CLI
 # --------------------------------------------------------------------------------------------
 
@@ -1290,9 +614,16 @@ def resolve_domain(device: str) -> str:
     return device
 
 
+def _history(model: Estimator) -> list:
+    """The per-epoch training history of `model`, or of the model it wraps (`model.base`); [] if none."""
+    while not hasattr(model, "history") and isinstance(getattr(model, "base", None), Estimator):
+        model = model.base
+    return list(getattr(model, "history", None) or [])
+
+
 def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | None = None,
           max_cov: float = 0.01, stability: str = "mad", log=None, members: int = 1,
-          make: Callable[[int], Estimator] | None = None, leaf_experts: bool = False, workers: int = 1,
+          make: Callable[[int], Estimator] | None = None, workers: int = 1,
           **params) -> tuple[Estimator, dict]:
     """Train CDMPP on every stable record of `devices` (default: all) of a dataset; save to `out`.
 
@@ -1300,8 +631,7 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     shared machine one preempted repeat inflates the CoV of an otherwise well-measured program.
     `members > 1` trains an `ensemble.Ensemble` of that many seeds (each with the full budget).
     `make(seed)` builds another estimator instead of CDMPP(**params) (e.g. a baseline from
-    `evaluate.make_model`); `params` are then not used. `leaf_experts` wraps each CDMPP in
-    `leaf_experts.LeafExperts` (copies fine-tuned per common leaf count). `workers` > 1 trains that
+    `evaluate.make_model`); `params` are then not used. `workers` > 1 trains that
     many ensemble members at once (`Ensemble.fit`, spawned processes: a script calling this needs
     the `if __name__ == "__main__":` guard)."""
     from tensorplan.cdmpp.dataset import load_dataset
@@ -1317,11 +647,6 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     rng = np.random.default_rng(seed)
     val_m = rng.random(len(arr)) < 0.05
     build = make or (lambda s: CDMPP(**{**params, "seed": s}))
-    if leaf_experts:
-        from tensorplan.cdmpp.leaf_experts import LeafExperts
-
-        cdmpp_of = build
-        build = lambda s: LeafExperts(cdmpp_of(s))   # noqa: E731
     if members > 1:
         from tensorplan.cdmpp.ensemble import Ensemble
 
@@ -1338,11 +663,7 @@ def train(data=None, *, devices: Sequence[str] | None = None, out: str | Path | 
     val = arr.subset(np.flatnonzero(val_m))
     model.domains_ = sorted(set(arr.device_name))  # saved with it: `predict` says when a device is not among them
     model.domain_features_ = {d: device_features(d, ds.devices).tolist() for d in model.domains_}
-    if leaf_experts:   # a leaf-experts model: its all-leaves CDMPP (`CDMPP.base` is the target's base kind)
-        cores = [m.base for m in parts]
-    else:
-        cores = parts
-    epochs = [len(getattr(m, "history", [])) for m in cores]
+    epochs = [len(_history(m)) for m in parts]
     info = {"records": len(arr), "stability": f"{stability} <= {max_cov}", "devices": sorted(set(arr.device_name)),
             "model": type(parts[0]).__name__, "members": len(parts),
             "train_time_s": time.perf_counter() - t0,

@@ -41,7 +41,7 @@ def _task(task_key: str):
 def _build(k: int) -> tuple[int, str | None, str]:
     """Worker: replay program k, compile, export to `<dir>/<k>.so`; (k, path, "") or (k, None, error)."""
     import tvm
-    from tensorplan.cdmpp.dataset import replay_trace
+    from tensorplan.cdmpp.tasks import replay_trace
     p = _W["programs"][k]
     try:
         sch = replay_trace(_task(p["task_key"]).mod, p["trace"])

@@ -1,39 +1,269 @@
-"""Whole-network latency prediction (`tensorplan predict`), and its measured check.
+"""Whole-network latency prediction: `predict(model, device) -> NetworkPrediction`.
 
 A network becomes its fused kernels (`tasks.network_tasks`); each kernel gets one deterministic
 schedule (its first valid meta-schedule design-space sample, drawn exactly as the dataset draws its
 programs: `task_schedules`), its compact AST, and a predicted latency. The network's latency is
-the call-count-weighted sum, the quantity CDMPP's end-to-end replay predicts. With `tuned=N` the
-model also acts as a tuner's cost model: it ranks each kernel's first N samples and sums the
-predicted-fastest ones.
+the call-count-weighted sum, the quantity CDMPP's end-to-end replay predicts. That default
+schedule is what TVM runs for a kernel nobody tuned, so the total is the untuned network's
+latency, not a tuned one. With `tuned=N` the model also acts as a tuner's cost model: it ranks
+each kernel's first N samples and sums the predicted-fastest ones, reported beside the default.
 
 Why `measure`: a prediction alone is a claim. With `measure=True` every kernel is also compiled
 with that same schedule and timed on this machine with the dataset's timer (`dataset.time_module`,
-TVM's runtime pool at the domain's thread count), so the user sees per kernel and for the whole
+TVM's runtime pool at the device's thread count), so the user sees per kernel and for the whole
 network how far the prediction is from this CPU's reality. That is only possible for this
-machine's own domains (`local`, `local-Nt`). On a CPU other than the one the training data came
-from, this is a zero-shot test of a new device: the device vector describes this machine
-(`devices.resolve`), while every label the model learnt from came from the collection CPU.
+machine's own CPU (`local`, `local-Nt`). On a CPU other than the one the training data came
+from, this is a zero-shot test of a new device: the device vector describes this machine, while
+every label the model learnt from came from the collection CPU.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tensorplan.devices.spec import DeviceSpec
 from tensorplan.errors import TensorplanError
+from tensorplan.ir.graph import Graph
 from tensorplan.progress import progress_bar
-from tensorplan.cdmpp.model import SHIPPED_MODEL, ProgramArrays, device_features, load_estimator, load_shipped, regression_metrics, resolve_domain
+from tensorplan.cdmpp.arrays import ProgramArrays
+from tensorplan.cdmpp.base import load_estimator
+from tensorplan.cdmpp.metrics import regression_metrics
+from tensorplan.cdmpp.model import SHIPPED_MODEL, load_shipped
 
 # the dataset's timer settings (`dataset.collect`), with a longer cap: a network's big kernels
 # (a VGG convolution with an untuned schedule) run for seconds and must still be timed
 MEASURE_TIMER = {"min_repeat_s": 2e-5, "repeats": 15, "max_kernel_s": 5.0}
 
+# the dataset drew its CPU programs for an llvm target of this many cores (its domains are
+# local-1t and local-2t); drawing for the same target keeps draw i the dataset's program i
+DATASET_SAMPLER_CORES = 2
+
+SHIPPED_GPU_MODEL = SHIPPED_MODEL.with_name("cdmpp-h100.pt")
+GPU_SAMPLE_TRIES = 8 * 24   # gpu_dataset.sample_programs: programs_per_task x tries_per_program
+
+# what a kernel's schedule is (`SchedulePrediction.kind`)
+DEFAULT = "default"          # first valid design-space sample: what TVM runs for an untuned kernel
+TUNED = "tuned"              # the predicted-fastest of the kernel's first N samples
+UNSCHEDULED = "unscheduled"  # no valid sample: the plain loop nest
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Result objects
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class SchedulePrediction:
+    """One scheduled program of a kernel: which one (`kind`, design-space draw `sample`), its
+    predicted latency per call, and, under `measure`, its time on this machine."""
+
+    kind: str                      # DEFAULT | TUNED | UNSCHEDULED
+    sample: int | None             # the draw index (the dataset's program `index`); None: loop nest
+    predicted_s: float
+    candidates: int = 1            # schedules it was picked among (TUNED: up to N)
+    measured_s: float | None = None
+    measured_cov: float | None = None
+    measure_error: str | None = None
+
+
+@dataclass
+class KernelPrediction:
+    """A fused kernel of the network: its default schedule's prediction and, under `tuned`, the
+    model's pick among its first N schedules."""
+
+    name: str                      # TVM's fused-function name
+    key: str                       # structural hash of the kernel (the dataset's task key)
+    calls: int                     # how often the network runs it
+    flops: float
+    leaves: int                    # compact-AST leaves of the default program
+    default: SchedulePrediction
+    tuned: SchedulePrediction | None = None
+    log_spread: float | None = None   # an ensemble's std of its members' log predictions
+
+    @property
+    def predicted_s(self) -> float:
+        """Predicted seconds per call of the default schedule."""
+        return self.default.predicted_s
+
+    @property
+    def total_s(self) -> float:
+        """Predicted seconds over all calls of the default schedule."""
+        return self.default.predicted_s * self.calls
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"task": self.name, "key": self.key, "calls": self.calls, "flops": self.flops,
+                             "leaves": self.leaves, "schedule": self.default.kind, "sample": self.default.sample,
+                             "predicted_us": 1e6 * self.predicted_s, "total_us": 1e6 * self.total_s}
+        if self.log_spread is not None:
+            d["log_spread"] = self.log_spread
+        _measured_fields(d, self.default, "")
+        if self.tuned is not None:
+            d.update(candidates=self.tuned.candidates, tuned_sample=self.tuned.sample,
+                     tuned_us=1e6 * self.tuned.predicted_s, tuned_total_us=1e6 * self.tuned.predicted_s * self.calls)
+            _measured_fields(d, self.tuned, "tuned_")
+        return d
+
+
+def _measured_fields(d: dict, s: SchedulePrediction, prefix: str) -> None:
+    if s.measured_s is not None:
+        d[f"{prefix}measured_us"] = 1e6 * s.measured_s
+        if s.measured_cov is not None:
+            d[f"{prefix}measured_cov"] = s.measured_cov
+    if s.measure_error is not None:
+        d[f"{prefix}measure_error"] = s.measure_error
+
+
+@dataclass
+class TunedCheck:
+    """The model's picks timed, over the kernels timed both ways: what they are worth here."""
+
+    kernels: int
+    changed: int                   # kernels whose pick is not the default schedule
+    predicted_s: float
+    measured_s: float
+    default_measured_s: float
+    kernels_slower: int            # picks measured >5 % slower than the default schedule
+
+    @property
+    def total_ratio(self) -> float:
+        return self.predicted_s / self.measured_s
+
+    @property
+    def measured_speedup(self) -> float:
+        return self.default_measured_s / self.measured_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kernels": self.kernels, "changed": self.changed, "predicted_ms": 1e3 * self.predicted_s,
+                "measured_ms": 1e3 * self.measured_s, "default_measured_ms": 1e3 * self.default_measured_s,
+                "total_ratio": self.total_ratio, "measured_speedup": self.measured_speedup,
+                "kernels_slower": self.kernels_slower}
+
+
+@dataclass
+class MeasuredCheck:
+    """Prediction against measurement over the kernels that were timed (default schedules):
+    per-kernel error metrics, rank correlation across kernels, call-weighted totals."""
+
+    kernels_measured: int
+    kernels_failed: list[str]
+    per_kernel: dict[str, float] | None = None      # `model.regression_metrics` of the timed kernels
+    spearman_across_kernels: float | None = None
+    predicted_s: float | None = None
+    measured_s: float | None = None
+    tuned: TunedCheck | None = None
+    threads: int | None = None                      # the thread count the kernels were timed at
+    measure_s: float | None = None                  # wall time spent compiling and timing
+
+    @property
+    def total_ratio(self) -> float | None:
+        return self.predicted_s / self.measured_s if self.measured_s else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kernels_measured": self.kernels_measured, "kernels_failed": self.kernels_failed}
+        if self.threads is not None:
+            d["threads"] = self.threads
+        if self.kernels_measured:
+            d.update(per_kernel=self.per_kernel, spearman_across_kernels=self.spearman_across_kernels,
+                     predicted_ms=1e3 * self.predicted_s, measured_ms=1e3 * self.measured_s,
+                     total_ratio=self.total_ratio, total_ape_pct=100 * abs(self.total_ratio - 1))
+        if self.tuned is not None:
+            d["tuned"] = self.tuned.to_dict()
+        return d
+
+
+@dataclass
+class NetworkPrediction:
+    """A network's predicted latency on a device: per kernel and in total, with what was predicted
+    (which schedules), by which model, and how far the device lies from what the model learnt."""
+
+    model: str
+    device: DeviceSpec
+    domain: str                    # the device as the predictor names it ('local-2t', 'h100')
+    predictor: str                 # the estimator's class
+    weights: str                   # the predictor file
+    trained_on: list[str]          # the domains the predictor learnt
+    kernels: list[KernelPrediction]
+    not_predicted: dict[str, int] = field(default_factory=dict)   # operator -> count outside every kernel
+    tuned: int = 0                 # N of `tuned=N`; 0: default schedules only
+    zero_shot: bool = False        # the model never learnt this device (or learnt another machine as it)
+    outside_learnt: list[str] = field(default_factory=list)  # device figures outside every learnt device
+    same_device_as: str | None = None   # a learnt domain with this device's vector, predicted as it
+    warning: str | None = None     # the zero-shot note, with what to do about it
+    member_total_s: list[float] | None = None   # an ensemble: the total as each member predicts it
+    measured: MeasuredCheck | None = None
+    schedules_dir: Path | None = None
+    featurize_s: float = 0.0
+    predict_s: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        return self.device.kind
+
+    @property
+    def total_s(self) -> float:
+        """Predicted network latency with every kernel's default (untuned) schedule."""
+        return sum(k.total_s for k in self.kernels)
+
+    @property
+    def tuned_total_s(self) -> float | None:
+        """Predicted network latency with the model's pick for every kernel (`tuned`), else None."""
+        if not self.tuned:
+            return None
+        return sum(k.tuned.predicted_s * k.calls for k in self.kernels if k.tuned is not None)
+
+    @property
+    def unscheduled(self) -> list[str]:
+        """Kernels with no valid sample, predicted from their plain loop nest."""
+        return [k.name for k in self.kernels if k.default.kind == UNSCHEDULED]
+
+    @property
+    def what(self) -> str:
+        """What the totals are, in one sentence for a reader."""
+        s = ("total = sum over kernels of calls x the predicted latency of each kernel's default schedule (its "
+             "first valid meta-schedule sample): the latency of TVM's untuned kernels")
+        if self.tuned:
+            s += (f"; tuned total = the same with each kernel's predicted-fastest of its first {self.tuned} "
+                  "samples (ranked by the model, none timed)")
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`tensorplan predict --json`); latencies in ms (totals) and µs (kernels)."""
+        d: dict[str, Any] = {
+            "model": self.model, "device": self.device.name, "domain": self.domain, "kind": self.kind,
+            "predicted": self.what, "predictor": self.predictor, "weights": self.weights,
+            "trained_on": self.trained_on, "zero_shot": self.zero_shot, "outside_learnt": self.outside_learnt,
+            "same_device_as": self.same_device_as, "warning": self.warning,
+            "kernels": [k.to_dict() for k in self.kernels], "n_kernels": len(self.kernels),
+            "total_ms": 1e3 * self.total_s, "not_predicted": self.not_predicted, "unscheduled": self.unscheduled,
+            "featurize_s": self.featurize_s, "predict_s": self.predict_s, "device_spec": self.device.to_dict()}
+        if self.tuned:
+            d["tuned"] = self.tuned
+            d["tuned_total_ms"] = 1e3 * self.tuned_total_s
+        if self.member_total_s is not None:
+            d["member_total_ms"] = [1e3 * t for t in self.member_total_s]
+        if self.measured is not None:
+            d["measured"] = self.measured.to_dict()
+            d["measure_s"] = self.measured.measure_s
+        if self.schedules_dir is not None:
+            d["schedules_dir"] = str(self.schedules_dir)
+        return d
+
+
+# ------------------------------------------------------------------------------------------------
+# Pieces
+# ------------------------------------------------------------------------------------------------
 
 def task_schedules(task, target=None, n: int = 1, tries: int = 8) -> list[tuple]:
     """The first `n` valid meta-schedule design-space samples of a task among draws 0..tries-1 ->
@@ -44,7 +274,7 @@ def task_schedules(task, target=None, n: int = 1, tries: int = 8) -> list[tuple]
 
     from tensorplan.cdmpp.dataset import _TaskState, sample_schedule
 
-    target = target or tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    target = target or tvm.target.Target({"kind": "llvm", "num-cores": DATASET_SAMPLER_CORES})
     out = []
     try:
         st = _TaskState(task, target)
@@ -59,31 +289,28 @@ def task_schedules(task, target=None, n: int = 1, tries: int = 8) -> list[tuple]
     return out
 
 
-SHIPPED_GPU_MODEL = SHIPPED_MODEL.with_name("cdmpp-h100.pt")
-GPU_SAMPLE_TRIES = 8 * 24   # gpu_dataset.sample_programs: programs_per_task x tries_per_program
-
-
-def domain_kind(domain: str) -> str:
-    """'gpu' or 'cpu' (what `devices.resolve` says; a domain it does not know counts as a CPU)."""
+def _domain_is_gpu(name: str, vector=None) -> bool:
+    """Whether a learnt domain is a GPU: its learnt device vector says so ('is_gpu' comes first);
+    without one, what `devices.resolve` says (a dataset-only name such as 'zen4-1t' is a CPU)."""
+    if vector is not None and len(vector):
+        return float(vector[0]) >= 0.5
     from tensorplan.devices import resolve
     try:
-        return "gpu" if resolve(domain).kind == "gpu" else "cpu"
-    except Exception:  # noqa: BLE001 - a dataset-only domain name such as 'zen4-1t'
-        return "cpu"
+        return resolve(name).kind == "gpu"
+    except Exception:  # noqa: BLE001 - a dataset-only domain name
+        return False
 
 
-def gpu_target(domain: str):
-    """The TVM target a GPU domain's programs are scheduled for: its `nvidia/...` tag (the tag the
-    GPU dataset was sampled with for the H100), or the catalog's `tvm_tag` of a GPU of the same die
+def gpu_target(spec: DeviceSpec, domain: str | None = None):
+    """The TVM target a GPU's programs are scheduled for: its `nvidia/...` tag (the tag the GPU
+    dataset was sampled with for the H100), or the catalog's `tvm_tag` of a GPU of the same die
     (the H200 -> the H100's); a clear error for a GPU TVM has no tag for."""
     import tvm
 
-    from tensorplan.devices import resolve
-    spec = resolve(domain)
     extra = spec.extra or {}
     if extra.get("tvm_tag"):                   # a GPU TVM has no tag of its own for (the H200)
         return tvm.target.Target(extra["tvm_tag"])
-    names = [domain, spec.name, str(extra.get("catalog", ""))]
+    names = [n for n in (domain, spec.name, str(extra.get("catalog", ""))) if n]
     for n in names:
         base = re.split(r"-(?:sxm|pcie|nvl)", n.lower())[0]              # 'a100-sxm4-40gb' -> 'a100'
         for b in dict.fromkeys((base, re.sub(r"([a-z])(\d)", r"\1-\2", base))):  # 'rtx4090' -> 'rtx-4090'
@@ -92,67 +319,90 @@ def gpu_target(domain: str):
                     return tvm.target.Target(tag)
                 except Exception:  # noqa: BLE001 - not a known tag; try the next spelling
                     continue
-    raise TensorplanError(f"device '{domain}': TVM has no CUDA target tag for it (tried nvidia/nvidia-{names[0]}), "
+    raise TensorplanError(f"device '{names[0]}': TVM has no CUDA target tag for it (tried nvidia/nvidia-{names[0]}), "
                           "so its kernels cannot be scheduled as GPU programs; predict a GPU TVM knows "
-                          "(e.g. --device h100, a100)")
+                          "(e.g. h100, a100)")
 
 
-def local_threads(domain: str) -> int:
-    """Thread count of one of this machine's domains ('local-2t' -> 2); a clear error otherwise."""
-    m = re.fullmatch(r"local-(\d+)t", domain)
-    if not m:
-        raise TensorplanError(f"--measure times the kernels on this machine, so the device must be 'local' or "
-                              f"'local-<N>t', not '{domain}'; predict '{domain}' without --measure")
-    n = int(m.group(1))
-    if not 1 <= n <= (os.cpu_count() or 1):
-        raise TensorplanError(f"device '{domain}': this machine has {os.cpu_count()} CPU(s), "
-                              f"cannot time kernels at {n} threads")
-    return n
+def local_threads(device: str | DeviceSpec) -> int:
+    """Thread count of this machine's CPU as a device ('local' -> every usable core, 'local-2t' -> 2);
+    a clear error for any other device, since only this CPU can be timed here."""
+    if isinstance(device, DeviceSpec):
+        if device.kind == "cpu" and re.fullmatch(r"local(-\d+t)?", device.name):
+            return device.threads
+        name = device.name
+    else:
+        name = str(device).strip().lower()
+        if name == "local":
+            return usable_cores()
+        m = re.fullmatch(r"local-(\d+)t", name)
+        if m:
+            n = int(m.group(1))
+            if not 1 <= n <= usable_cores():
+                raise TensorplanError(f"device '{name}': this process may use {usable_cores()} CPU(s), "
+                                      f"cannot time kernels at {n} threads")
+            return n
+    raise TensorplanError(f"measuring times the kernels on this machine, so the device must be 'local' or "
+                          f"'local-<N>t', not '{name}'; predict '{name}' without measuring")
 
 
-def measured_summary(kernels: list[dict]) -> dict:
+def resolve_device(device: str | DeviceSpec) -> tuple[DeviceSpec, str]:
+    """(spec, domain): the device resolved once, and the name the predictor knows it by. This
+    CPU ('local', or a spec of it) is the domain 'local-<threads>t'; a name keeps the spelling it
+    was given ('h100'), a spec its own name."""
+    from tensorplan.devices import resolve
+
+    spec = resolve(device)
+    if isinstance(device, DeviceSpec):
+        dom = spec.name
+    else:
+        dom = str(device).strip().lower()
+    if spec.kind == "cpu" and spec.name == "local":
+        dom = f"local-{spec.threads}t"
+    return spec, dom
+
+
+def measured_summary(kernels: Sequence[KernelPrediction], threads: int | None = None) -> MeasuredCheck:
     """Prediction vs measurement over the kernels that were timed: per-kernel metrics (each kernel
-    once), rank correlation across kernels, and the call-weighted totals over the same kernels."""
+    once), rank correlation across kernels, and the call-weighted totals over the same kernels;
+    with tuned picks timed too, what the picks are worth (`TunedCheck`)."""
     from scipy.stats import spearmanr
 
-    ok = [k for k in kernels if k.get("measured_us")]
-    out: dict = {"kernels_measured": len(ok), "kernels_failed": [k["task"] for k in kernels
-                                                                 if not k.get("measured_us")]}
+    ok = [k for k in kernels if k.default.measured_s]
+    out = MeasuredCheck(kernels_measured=len(ok), kernels_failed=[k.name for k in kernels if not k.default.measured_s],
+                        threads=threads)
     if not ok:
         return out
-    pred = np.array([k["predicted_us"] for k in ok]) * 1e-6
-    meas = np.array([k["measured_us"] for k in ok]) * 1e-6
-    calls = np.array([k["calls"] for k in ok], np.float64)
-    out["per_kernel"] = regression_metrics(pred, meas)
-    out["spearman_across_kernels"] = float(spearmanr(pred, meas).statistic) if len(ok) > 2 else float("nan")
-    out["predicted_ms"] = float(calls @ pred * 1e3)
-    out["measured_ms"] = float(calls @ meas * 1e3)
-    out["total_ratio"] = out["predicted_ms"] / out["measured_ms"]
-    out["total_ape_pct"] = 100 * abs(out["total_ratio"] - 1)
-    both = [k for k in ok if k.get("tuned_measured_us")]
-    if both:   # `predict_network(tuned=N)`: the model's picks, timed, over the kernels timed both ways
-        c = np.array([k["calls"] for k in both], np.float64)
-        tp, tm, dm = (c @ np.array([k[f] for k in both]) / 1e3
-                      for f in ("tuned_us", "tuned_measured_us", "measured_us"))
-        out["tuned"] = {"kernels": len(both), "changed": sum(k["tuned_sample"] != k["sample"] for k in both),
-                        "predicted_ms": tp, "measured_ms": tm, "default_measured_ms": dm, "total_ratio": tp / tm,
-                        "measured_speedup": dm / tm,
-                        "kernels_slower": sum(k["tuned_measured_us"] > 1.05 * k["measured_us"] for k in both)}
+    pred = np.array([k.default.predicted_s for k in ok])
+    meas = np.array([k.default.measured_s for k in ok])
+    calls = np.array([k.calls for k in ok], np.float64)
+    out.per_kernel = regression_metrics(pred, meas)
+    out.spearman_across_kernels = float(spearmanr(pred, meas).statistic) if len(ok) > 2 else float("nan")
+    out.predicted_s = float(calls @ pred)
+    out.measured_s = float(calls @ meas)
+    both = [k for k in ok if k.tuned is not None and k.tuned.measured_s]
+    if both:
+        c = np.array([k.calls for k in both], np.float64)
+        out.tuned = TunedCheck(
+            kernels=len(both), changed=sum(k.tuned.sample != k.default.sample for k in both),
+            predicted_s=float(c @ np.array([k.tuned.predicted_s for k in both])),
+            measured_s=float(c @ np.array([k.tuned.measured_s for k in both])),
+            default_measured_s=float(c @ np.array([k.default.measured_s for k in both])),
+            kernels_slower=sum(k.tuned.measured_s > 1.05 * k.default.measured_s for k in both))
     return out
 
 
-def _save_schedules(out: Path, network: str, kernels: list[dict], mods: list) -> None:
+def _save_schedules(out: Path, network: str, kernels: list[KernelPrediction], mods: list) -> None:
     """Write each kernel's scheduled program as TVMScript (DIR/<kernel>.py) and an index
     (DIR/schedules.json: kernel, task key, calls, sample index, predicted µs, file)."""
     out.mkdir(parents=True, exist_ok=True)
     index = []
     for k, mod in zip(kernels, mods):
-        f = out / f"{k['task']}.py"
+        f = out / f"{k.name}.py"
         f.write_text(mod.script())
-        pick = "tuned_sample" in k
-        index.append({"kernel": k["task"], "key": k["key"], "calls": k["calls"], "file": f.name,
-                      "sample": k["tuned_sample"] if pick else k["sample"],
-                      "predicted_us": k["tuned_us"] if pick else k["predicted_us"]})
+        s = k.tuned or k.default
+        index.append({"kernel": k.name, "key": k.key, "calls": k.calls, "file": f.name, "schedule": s.kind,
+                      "sample": s.sample, "predicted_us": 1e6 * s.predicted_s})
     (out / "schedules.json").write_text(json.dumps({"network": network, "kernels": index}, indent=1))
 
 
@@ -161,8 +411,6 @@ def static_onnx(path: Path, name: str, input_shapes: dict[str, tuple[int, ...]] 
     imported with `input_shapes` (a symbolic dimension left open is one clear error naming it) and
     written back as a static ONNX file in the cache, which TVM's frontend then sees (a dynamic model
     would give kernels with symbolic loop bounds, which no latency model can time)."""
-    import hashlib
-
     from tensorplan.ir.onnx_import import import_onnx, load_proto
     from tensorplan.ir.to_onnx import graph_to_onnx
     from tensorplan.paths import atomic_write, cache_dir
@@ -179,18 +427,47 @@ def static_onnx(path: Path, name: str, input_shapes: dict[str, tuple[int, ...]] 
     return out
 
 
+def model_onnx(graph_or_spec: Graph | str | Path,
+               input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[Path, str]:
+    """(static ONNX file, network name) TVM's frontend reads: a spec's own file (an ONNX path, the
+    zoo's export, a PyTorch factory's export: the files the dataset's tasks came from), or a
+    `Graph` written once to the cache."""
+    from tensorplan.paths import atomic_write, cache_dir
+    from tensorplan.zoo.specs import resolve_model
+
+    if isinstance(graph_or_spec, Graph):
+        from tensorplan.ir.to_onnx import graph_to_onnx
+
+        name = graph_or_spec.name
+        data = graph_to_onnx(graph_or_spec).SerializeToString()
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "graph"
+        path = cache_dir() / "graphs" / f"{slug}-{hashlib.sha256(data).hexdigest()[:12]}.onnx"
+        if not path.exists():
+            atomic_write(path, data)
+    else:
+        path, name = resolve_model(graph_or_spec)
+    return static_onnx(path, name, input_shapes), name
+
+
 def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, progress: bool = False,
-                     log: Callable[[str], None] | None = None, specs: dict | None = None) -> tuple:
+                     log: Callable[[str], None] | None = None, specs: dict | None = None,
+                     device: DeviceSpec | None = None) -> tuple:
     """A network's fused kernels, each with its default schedule (then up to `tuned` - 1 more
-    samples), featurised for domain `dom` -> (tasks, gaps, programs, how each was scheduled, compact
-    ASTs, ProgramArrays). Programs are (task index, module, sample index), each task's default first.
-    What `predict_network` predicts; a study that compares several predictors on the same kernels
-    computes it once. `specs`: a dataset's recorded devices (`Dataset.devices`), for a `dom` such as
-    zen4-2t that only a dataset describes."""
+    samples), featurised for domain `dom` -> (tasks, gaps, programs, sample index or None per task,
+    compact ASTs, ProgramArrays). Programs are (task index, module, sample index), each task's default
+    first. What `predict` predicts; a study that compares several predictors on the same kernels
+    computes it once. `device`: `dom`'s spec (its kind, its GPU target, its device vector), else
+    `dom` is resolved by name; `specs`: a dataset's recorded devices (`Dataset.devices`), for a
+    `dom` such as zen4-2t that only a dataset describes."""
     from tensorplan.cdmpp.features import featurize_many
     from tensorplan.cdmpp.tasks import network_tasks_and_gaps, task_io_of
 
-    is_gpu = domain_kind(dom) == "gpu"
+    if device is None:
+        rec = ((specs or {}).get(dom) or {}).get("spec")
+        is_gpu = rec.get("kind") == "gpu" if rec else _domain_is_gpu(dom)
+    else:
+        is_gpu = device.kind == "gpu"
+        specs = {**(specs or {}), dom: {"spec": device.to_dict()}}   # the device vector from this spec
     tasks, gaps = network_tasks_and_gaps(path, name)
     if gaps and log:
         log("not predicted (no TIR kernel after TVM's fusion; their time is not in the total): "
@@ -198,107 +475,132 @@ def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, prog
     if not tasks:
         raise TensorplanError(f"model '{name}': no fused kernels found")
     progs: list[tuple[int, object, int | None]] = []
-    how = []
+    first_sample: list[int | None] = []
     with progress_bar("sample schedules", len(tasks), progress) as advance:
-        target = gpu_target(dom) if is_gpu else None
+        target = gpu_target(device or resolve_device(dom)[0], dom) if is_gpu else None
         # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
         # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
         tries = (GPU_SAMPLE_TRIES if is_gpu else 8) + 4 * tuned
         for j, t in enumerate(tasks):
             got = task_schedules(t, target, max(1, tuned), tries)
-            how.append(f"meta-schedule sample {got[0][1]}" if got else "unscheduled")
+            first_sample.append(got[0][1] if got else None)
             progs.append((j, got[0][0], got[0][1]) if got else (j, t.mod, None))
             progs.extend((j, m, i) for m, i in got[1:])
             advance()
             if log:
-                log(f"{t.name}: {how[-1]}" + (f", {len(got)} schedules to compare" if tuned else ""))
+                log(f"{t.name}: " + (f"meta-schedule sample {got[0][1]}" if got else UNSCHEDULED)
+                    + (f", {len(got)} schedules to compare" if tuned else ""))
     asts = featurize_many([m for _, m, _ in progs], is_gpu=is_gpu)
     arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
                                       task_key=[tasks[j].key for j, _, _ in progs], flops=[a.flops for a in asts],
                                       task_io=[task_io_of(m) for _, m, _ in progs], specs=specs)
-    return tasks, gaps, progs, how, asts, arr
+    return tasks, gaps, progs, first_sample, asts, arr
 
 
-def predict_network(model: str, device: str = "local", weights: str | Path | None = None,
-                    log: Callable[[str], None] | None = None, measure: bool = False,
-                    progress: bool = False, calibrated: bool = True,
-                    input_shapes: dict[str, tuple[int, ...]] | None = None, tuned: int = 0,
-                    save_schedules: str | Path | None = None) -> dict:
-    """MODEL (ONNX path or zoo name) -> fused tasks -> default schedule -> features -> latency.
+# ------------------------------------------------------------------------------------------------
+# The call
+# ------------------------------------------------------------------------------------------------
 
-    `measure`: also compile and time each kernel's program here (`local` domains only) and report
-    prediction vs measurement (`measured_summary`, key "measured"). `calibrated`: for this machine's
-    domains, use the model `tensorplan calibrate` fitted here when there is one (and no `weights`).
-    `input_shapes` fixes the symbolic dimensions of a dynamic model (as `--input-shape` elsewhere).
+@dataclass
+class _DeviceCheck:
+    zero_shot: bool = False
+    outside: list[str] = field(default_factory=list)
+    same_as: str | None = None
+    warning: str | None = None
 
-    `tuned` = N > 0: the predictor as a tuner's cost model, with no measurement. Each kernel also
-    gets its first N valid design-space samples (the default schedule among them), all predicted;
-    the one predicted fastest is its "tuned" schedule, and "tuned_total_ms" the network with those.
-    With `measure`, the tuned picks are timed too, so the measured speed-up over the default
-    schedules shows what the model's picks are worth (`measured_summary`, key "tuned").
 
-    `save_schedules` = DIR: each kernel's scheduled program (the pick under `tuned`, else the
-    default) as TVMScript, DIR/<kernel>.py, plus DIR/schedules.json listing them; a user compiles
-    one with `tvm.compile(tvm.script.from_source(text))`."""
-    import tvm
-
+def _device_check(est, dom: str, here: np.ndarray, is_gpu: bool) -> _DeviceCheck:
+    """How the device stands to what the model learnt: in-domain, learnt under another name, or
+    zero-shot (naming the figures that differ and those outside every learnt device)."""
     from tensorplan.devices.spec import feature_differences, features_outside
-    from tensorplan.zoo.specs import resolve_model
-    from tensorplan.cdmpp.dataset import init_pool, time_module
 
-    if tuned < 0:
-        raise TensorplanError(f"tuned: the number of schedules to compare per kernel must be >= 0, got {tuned}")
-    path, name = resolve_model(model)
-    path = static_onnx(path, name, input_shapes)   # a bad model fails here, before any model loading
-    dom = resolve_domain(device)
-    threads = local_threads(dom) if measure else None
-    if threads is not None:
-        init_pool(threads)     # before anything configures TVM's runtime pool (dataset.init_pool)
-    if weights is None and calibrated and re.fullmatch(r"local-\d+t", dom):
-        from tensorplan.cdmpp.local_calibration import local_model_path
-        here = local_model_path(int(dom[6:-1]))
-        weights = here if here.exists() else None    # `tensorplan calibrate` made one for this CPU
-    is_gpu = domain_kind(dom) == "gpu"
-    if weights is None and is_gpu:
-        weights = SHIPPED_GPU_MODEL                  # trained on the H100's own CUDA programs
-    est = load_shipped() if weights is None else load_estimator(weights)
     known = list(getattr(est, "domains_", None) or [])
-    if is_gpu and known and not any(domain_kind(d) == "gpu" for d in known):
-        raise TensorplanError(f"device '{dom}' is a GPU, but '{weights or SHIPPED_MODEL}' was trained on CPU "
-                              f"domains only ({', '.join(known)}): CPU-trained models miss GPU programs 20-90x "
-                              "(docs/cdmpp.md). Leave out --weights to use the shipped H100 model, or train one on "
-                              "GPU data: tensorplan predictor train --data data/cdmpp-h100")
-    warning = None
     learnt_all = getattr(est, "domain_features_", None) or {}
     learnt = learnt_all.get(dom)
-    here = device_features(dom)
     diff = feature_differences(learnt, here) if learnt is not None else []
     # hardware the model learnt under another name: a catalog name (h100-sxm is the 'h100' measured),
     # or this CPU when the model learnt it as another domain than the `local-*` one it resolves to
     same_as = (next((d for d, v in learnt_all.items() if d != dom and np.allclose(v, here, rtol=0.05)), None)
                if learnt is None or diff else None)
-    outside = features_outside(list(learnt_all.values()), here) if same_as is None else []
-    beyond = (f"; this device lies outside every device the model learnt ({', '.join(outside)}), so the model "
-              "extrapolates: on a 2-core Xeon VM whose bandwidth lay below the learnt range it over-predicted "
-              "1.65x (kernel MAPE 90 %, docs/cdmpp.md)" if outside else "")
-    if diff and same_as is None:
-        warning = (f"zero-shot: the model learnt '{dom}' on another machine (its device vector differs from what "
-                   f"'{dom}' resolves to here: {', '.join(diff)}); on a new CPU such predictions were off by "
-                   f"40-70 % (MAPE) in docs/cdmpp.md{beyond}. Run `tensorplan calibrate` here (minutes) and "
-                   "predict again.")
-    elif known and dom not in known and same_as is None:
-        warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'{beyond}; "
-                   + ("on a new CPU such predictions were off by 40-70 % (MAPE, held-out CPUs) in docs/cdmpp.md. "
-                      "Run `tensorplan calibrate` on that machine." if not is_gpu else
-                      "with one GPU learnt, the device vector barely moves its predictions, so expect the learnt "
-                      "GPU's latencies, not this one's. Measure a few thousand programs there (tensorplan predictor dataset "
-                      "measure-gpu) and train on them."))
-    if same_as and log:
-        log(f"'{dom}' has the device vector of '{same_as}', which the model learnt: predicting it as '{same_as}'")
-    if warning and log:
-        log(f"warning: {warning}")
+    out = _DeviceCheck(same_as=same_as)
+    if same_as is not None:
+        return out
+    out.outside = features_outside(list(learnt_all.values()), here)
+    beyond = (f"; this device lies outside every device the model learnt ({', '.join(out.outside)}), so the "
+              "model extrapolates there" if out.outside else "")
+    if diff:
+        out.zero_shot = True
+        out.warning = (f"zero-shot: the model learnt '{dom}' on another machine (its device vector differs from "
+                       f"what '{dom}' resolves to here: {', '.join(diff)}){beyond}. Expect larger errors than "
+                       "on the machine it learnt; run `tensorplan calibrate` here (minutes) and predict again.")
+    elif known and dom not in known:
+        out.zero_shot = True
+        out.warning = (f"zero-shot: the model was trained on {', '.join(known)}, never on '{dom}'{beyond}; "
+                       + ("expect larger errors than on a learnt CPU. Run `tensorplan calibrate` on that machine."
+                          if not is_gpu else
+                          "with one GPU learnt, the device vector barely moves its predictions, so expect the "
+                          "learnt GPU's latencies, not this one's. Measure programs there (tensorplan predictor "
+                          "dataset measure-gpu) and train on them."))
+    return out
+
+
+def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local", *, tuned: int = 0,
+            measure: bool = False, weights: str | Path | None = None, calibrated: bool = True,
+            input_shapes: dict[str, tuple[int, ...]] | None = None, save_schedules: str | Path | None = None,
+            progress: bool = False, log: Callable[[str], None] | None = None) -> NetworkPrediction:
+    """A network's latency on `device`, per fused kernel and in total, predicted by CDMPP.
+
+    `graph_or_spec`: a `Graph`, or an ONNX path, zoo name, `pkg.mod:factory` or `file.py:factory`.
+    `device`: a name ('local' = this CPU at every usable core, 'local-Nt', a catalog name such as
+    'h100': a GPU is predicted from its CUDA schedules, no GPU needed) or a `DeviceSpec`.
+
+    Each kernel is predicted with its default schedule (what TVM runs untuned). `tuned` = N > 0:
+    the predictor as a tuner's cost model, with no measurement: each kernel's first N valid samples
+    (the default among them) are predicted and the predicted-fastest is its pick.
+
+    `measure`: also compile and time each kernel's program(s) here (this CPU only) and compare
+    (`NetworkPrediction.measured`). `weights`: a predictor file (default: the shipped model, the
+    H100 one for a GPU). `calibrated`: on this CPU, use the model `tensorplan calibrate` fitted
+    here when there is one (and no `weights`). `input_shapes` fixes the symbolic dimensions of a
+    dynamic model. `save_schedules` = DIR: each kernel's scheduled program (the pick under `tuned`,
+    else the default) as TVMScript, DIR/<kernel>.py, plus DIR/schedules.json listing them; compile
+    one with `tvm.compile(tvm.script.from_source(text))`."""
+    import tvm
+
+    from tensorplan.cdmpp.dataset import init_pool, time_module
+
+    if tuned < 0:
+        raise TensorplanError(f"tuned: the number of schedules to compare per kernel must be >= 0, got {tuned}")
+    path, name = model_onnx(graph_or_spec, input_shapes)   # a bad model fails here, before any model loading
+    threads = local_threads(device) if measure else None
+    if threads is not None:
+        init_pool(threads)     # before anything configures TVM's runtime pool (dataset.init_pool)
+    spec, dom = resolve_device(device)
+    is_gpu = spec.kind == "gpu"
+    local = re.fullmatch(r"local-(\d+)t", dom)
+    if weights is None and calibrated and local:
+        from tensorplan.cdmpp.local_calibration import local_model_path
+        here_model = local_model_path(int(local.group(1)))
+        weights = here_model if here_model.exists() else None    # `tensorplan calibrate` made one for this CPU
+    if weights is None and is_gpu:
+        weights = SHIPPED_GPU_MODEL                  # trained on the H100's own CUDA programs
+    est = load_shipped() if weights is None else load_estimator(weights)
+    known = list(getattr(est, "domains_", None) or [])
+    learnt_all = getattr(est, "domain_features_", None) or {}
+    if is_gpu and known and not any(_domain_is_gpu(d, learnt_all.get(d)) for d in known):
+        raise TensorplanError(f"device '{dom}' is a GPU, but '{weights or SHIPPED_MODEL}' was trained on CPU "
+                              f"domains only ({', '.join(known)}), and a CPU-trained model has never seen a GPU "
+                              "program. Predict without weights to use the shipped H100 model, or train one on "
+                              "GPU data: tensorplan predictor train --data data/cdmpp-h100")
+    check = _device_check(est, dom, np.asarray(spec.feature_vector(), np.float32), is_gpu)
+    if check.same_as and log:
+        log(f"'{dom}' has the device vector of '{check.same_as}', which the model learnt: predicting it as "
+            f"'{check.same_as}'")
+    if check.warning and log:
+        log(f"warning: {check.warning}")
     t0 = time.perf_counter()
-    tasks, gaps, progs, how, asts, arr = network_programs(path, name, dom, tuned=tuned, progress=progress, log=log)
+    tasks, gaps, progs, first_sample, asts, arr = network_programs(path, name, dom, tuned=tuned, progress=progress,
+                                                                   log=log, device=spec)
     t1 = time.perf_counter()
     # an ensemble also says how much its members disagree (std of log latency) per kernel
     logs = est.member_log_predictions(arr) if hasattr(est, "member_log_predictions") else None
@@ -306,63 +608,63 @@ def predict_network(model: str, device: str = "local", weights: str | Path | Non
     t2 = time.perf_counter()
     owner = np.array([j for j, _, _ in progs])
     first = np.searchsorted(owner, np.arange(len(tasks)))       # each task's default-schedule row
-    kernels, mods, tuned_mods = [], [], []
+    kernels: list[KernelPrediction] = []
+    mods, tuned_mods = [], []
     for j, t in enumerate(tasks):
-        r, c = first[j], int(t.networks.get(name, 1))
-        s = float(pred[r])
-        kernels.append({"task": t.name, "key": t.key, "calls": c, "flops": float(t.flops), "leaves": asts[r].n_leaves,
-                        "schedule": how[j], "sample": progs[r][2], "predicted_us": 1e6 * s, "total_us": 1e6 * s * c})
+        r = first[j]
+        kind = DEFAULT if first_sample[j] is not None else UNSCHEDULED
+        k = KernelPrediction(name=t.name, key=t.key, calls=int(t.networks.get(name, 1)), flops=float(t.flops),
+                             leaves=asts[r].n_leaves, default=SchedulePrediction(kind, progs[r][2], float(pred[r])),
+                             log_spread=float(spread[r]) if spread is not None else None)
         mods.append(progs[r][1])
-        if spread is not None:
-            kernels[-1]["log_spread"] = float(spread[r])
         if tuned:
             rows = np.flatnonzero(owner == j)
             b = int(rows[np.argmin(pred[rows])])
-            kernels[-1].update({"candidates": len(rows), "tuned_sample": progs[b][2],
-                                "tuned_us": 1e6 * float(pred[b]), "tuned_total_us": 1e6 * float(pred[b]) * c})
+            k.tuned = SchedulePrediction(TUNED, progs[b][2], float(pred[b]), candidates=len(rows))
             tuned_mods.append(progs[b][1] if b != r else None)
-    total = sum(k["total_us"] for k in kernels)
+        kernels.append(k)
     if save_schedules is not None:
         _save_schedules(Path(save_schedules), name, kernels,
                         [tm if tm is not None else m for tm, m in zip(tuned_mods or [None] * len(mods), mods)])
-    unscheduled = [k["task"] for k in kernels if k["schedule"] == "unscheduled"]
-    if unscheduled and is_gpu and log:   # a loop nest without thread binding is no CUDA program at all
-        log(f"warning: no valid CUDA schedule in {GPU_SAMPLE_TRIES} draws for {', '.join(unscheduled[:5])}"
-            f"{' ...' if len(unscheduled) > 5 else ''}: predicted from the plain loop nest, not a GPU program")
-    out = {"model": name, "device": device, "domain": dom, "kind": "gpu" if is_gpu else "cpu",
-           "trained_on": known, "warning": warning, "same_device_as": same_as, "predictor": type(est).__name__,
-           "weights": str(weights or SHIPPED_MODEL), "kernels": kernels, "total_ms": total / 1e3,
-           "n_kernels": len(kernels), "unscheduled": unscheduled, "featurize_s": t1 - t0, "predict_s": t2 - t1,
-           "not_predicted": gaps}
-    if tuned:
-        out["tuned"] = tuned
-        out["tuned_total_ms"] = sum(k["tuned_total_us"] for k in kernels) / 1e3
-    if logs is not None:   # the whole model as each member alone predicts it: a range for the total
-        calls = np.array([k["calls"] for k in kernels], np.float64)
-        out["member_total_ms"] = (np.exp(logs[:, first]) @ calls * 1e3).tolist()
+    res = NetworkPrediction(
+        model=name, device=spec, domain=dom, predictor=type(est).__name__, weights=str(weights or SHIPPED_MODEL),
+        trained_on=known, kernels=kernels, not_predicted=dict(gaps), tuned=tuned, zero_shot=check.zero_shot,
+        outside_learnt=check.outside, same_device_as=check.same_as, warning=check.warning,
+        member_total_s=(np.exp(logs[:, first]) @ np.array([k.calls for k in kernels], np.float64)).tolist()
+        if logs is not None else None,   # the whole model as each member alone predicts it: a range
+        schedules_dir=Path(save_schedules) if save_schedules is not None else None,
+        featurize_s=t1 - t0, predict_s=t2 - t1)
+    if res.unscheduled and is_gpu and log:   # a loop nest without thread binding is no CUDA program at all
+        log(f"warning: no valid CUDA schedule in {GPU_SAMPLE_TRIES} draws for {', '.join(res.unscheduled[:5])}"
+            f"{' ...' if len(res.unscheduled) > 5 else ''}: predicted from the plain loop nest, not a GPU program")
     if threads is not None:
-        target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
         t3 = time.perf_counter()
-        with progress_bar("compile + time", len(tasks), progress) as advance:
-            for j, (k, t, mod) in enumerate(zip(kernels, tasks, mods)):
-                r = time_module(mod, t, target, [threads], **MEASURE_TIMER)
-                if isinstance(r, str):
-                    k["measure_error"] = r
-                    if log:
-                        log(f"{t.name}: not measured ({r})")
-                else:
-                    k["measured_us"] = 1e6 * r[threads].median_s
-                    k["measured_cov"] = r[threads].cov
-                if tuned and tuned_mods[j] is None:          # the default schedule is the pick
-                    k["tuned_measured_us"] = k.get("measured_us")
-                elif tuned:
-                    r = time_module(tuned_mods[j], t, target, [threads], **MEASURE_TIMER)
-                    if isinstance(r, str):
-                        k["tuned_measure_error"] = r
-                    else:
-                        k["tuned_measured_us"] = 1e6 * r[threads].median_s
-                advance()
-        out["measured"] = measured_summary(kernels)
-        out["measured"]["threads"] = threads
-        out["measure_s"] = time.perf_counter() - t3
-    return out
+        _time_kernels(tasks, kernels, mods, tuned_mods, threads, progress, log, time_module,
+                      tvm.target.Target({"kind": "llvm", "num-cores": threads}))
+        res.measured = measured_summary(kernels, threads)
+        res.measured.measure_s = time.perf_counter() - t3
+    return res
+
+
+def _time_kernels(tasks, kernels: list[KernelPrediction], mods: list, tuned_mods: list, threads: int,
+                  progress: bool, log, time_module, target) -> None:
+    """Compile and time each kernel's default program (and its pick, under `tuned`) here, filling
+    in the schedules' measured fields."""
+    def timed(s: SchedulePrediction, mod, task) -> None:
+        r = time_module(mod, task, target, [threads], **MEASURE_TIMER)
+        if isinstance(r, str):
+            s.measure_error = r
+        else:
+            s.measured_s, s.measured_cov = r[threads].median_s, r[threads].cov
+
+    with progress_bar("compile + time", len(tasks), progress) as advance:
+        for j, (k, t, mod) in enumerate(zip(kernels, tasks, mods)):
+            timed(k.default, mod, t)
+            if k.default.measure_error and log:
+                log(f"{t.name}: not measured ({k.default.measure_error})")
+            if k.tuned is not None and tuned_mods[j] is None:       # the default schedule is the pick
+                k.tuned.measured_s, k.tuned.measured_cov = k.default.measured_s, k.default.measured_cov
+                k.tuned.measure_error = k.default.measure_error
+            elif k.tuned is not None:
+                timed(k.tuned, tuned_mods[j], t)
+            advance()

@@ -9,6 +9,7 @@ end-to-end latency (CDMPP §4.5, TVM `extract_tasks`' weight).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -233,3 +234,38 @@ def io_vector(sizes: list[int]) -> list[float]:
     vec = [math.log2(1 + sizes[-1])] + [math.log2(1 + n) for n in sorted(sizes[:-1], reverse=True)]
     vec = vec[:TASK_IO_DIM]
     return vec + [0.0] * (TASK_IO_DIM - len(vec))
+
+
+# A schedule of a task, stored as its trace (the dataset and the compile workers replay it)
+
+def _plain(o: Any) -> Any:
+    """TVM ffi containers / IntImm -> plain JSON values (trace JSON for storage)."""
+    if o is None or isinstance(o, (bool, int, float)):
+        return o
+    if isinstance(o, str):
+        return str(o)
+    if isinstance(o, dict) or hasattr(o, "items"):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)) or hasattr(o, "__len__") and hasattr(o, "__getitem__") and not hasattr(o, "value"):
+        return [_plain(x) for x in o]
+    if hasattr(o, "value"):
+        return o.value
+    return str(o)
+
+
+def trace_json(sch) -> list:
+    """The schedule's trace (with postprocessor steps) as plain JSON; replay with `replay_trace`."""
+    return _plain(sch.trace.as_json())
+
+
+def replay_trace(mod, trace: list | str):
+    """Rebuild the scheduled IRModule from a task's `mod` and a stored trace (JSON list or string)."""
+    from tvm import s_tir
+    if isinstance(trace, str):
+        trace = json.loads(trace)
+    sch = s_tir.Schedule(mod)
+    try:
+        s_tir.Trace.apply_json_to_schedule(trace, sch)
+    except Exception as e:  # noqa: BLE001
+        raise TensorplanError(f"replay_trace: stored trace does not apply to the task's PrimFunc: {e}") from None
+    return sch

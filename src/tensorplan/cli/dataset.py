@@ -18,7 +18,7 @@ _STORE_OPT = typer.Option(None, "--store", help="Measurement store (default: $TE
 
 @dataset_app.command("collect")
 def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Comma-separated zoo names or .onnx paths "
-                                                   "(default: tensorplan.cdmpp.tasks.DEFAULT_NETWORKS, 23 zoo networks)."),
+                                                   "(default: the zoo networks of tensorplan.cdmpp.tasks.DEFAULT_NETWORKS)."),
             programs_per_task: int = typer.Option(64, "--programs-per-task", help="Schedules sampled per task."),
             threads: str = typer.Option("1,2", "--threads", help="Thread counts; each is a device domain local-<N>t."),
             store: Optional[Path] = _STORE_OPT,

@@ -39,19 +39,10 @@ def train_cmd(
     devices: Optional[str] = typer.Option(None, "--devices", help="Comma-separated device domains (default: all)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to save the model (.pt; default: cache)."),
     ship: bool = typer.Option(False, "--ship", help="Save to the packaged weights (cdmpp/weights/cdmpp-local.pt)."),
-    model: str = typer.Option("cdmpp", "--model", help="cdmpp (default: without CMD), or a harness model such "
-                              "as xgboost-hier (trees over an analytic compute + memory estimate, which "
-                              "carries best to another CPU; docs/cdmpp.md); use it with predict --weights."),
-    parts: bool = typer.Option(True, "--parts/--no-parts", help="cdmpp reads each program's analytic "
-                               "compute / DRAM-footprint / cache-traffic seconds on its device (parts_input): "
-                               "leaving each network out, median MAPE 52 -> 44% (docs/cdmpp.md)."),
-    leaf_experts: bool = typer.Option(False, "--leaf-experts", help="cdmpp plus copies fine-tuned on each "
-                                      "common leaf count (three-network split 54.4 -> 51.6% MAPE; mixed when leaving one "
-                                      "network out, docs/cdmpp.md); "
-                                      "up to 8x the file size (a copy per leaf count with 1,000 training programs)."),
-    rank: float = typer.Option(0.0, "--rank", help="cdmpp: weight of the within-task ranking term (0.3 "
-                               "measured): leaving each network out, schedules ranked better within a kernel "
-                               "(picks' regret 100 -> 78%), MAPE no worse (docs/cdmpp.md)."),
+    model: str = typer.Option("cdmpp", "--model", help="cdmpp, or one baseline of `predictor evaluate` "
+                              "(xgboost, xgboost-hier, mlp, tlp, roofline); use the file with predict --weights."),
+    parts: bool = typer.Option(True, "--parts/--no-parts", help="cdmpp also reads each program's analytic "
+                               "compute / DRAM-footprint / cache-traffic seconds on its device (parts_input)."),
     epochs: int = typer.Option(400, "--epochs", help="Maximum epochs (cdmpp)."),
     max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds (per member)."),
     members: int = typer.Option(1, "--members", help="Train an ensemble of this many seeds (>= 2): "
@@ -65,18 +56,16 @@ def train_cmd(
     """Train CDMPP (or --model) on the measured dataset (stable records) and save it."""
     from tensorplan.forkmap import default_workers
     from tensorplan.paths import cache_dir
-    from tensorplan.cdmpp.model import SHIPPED_MODEL, train
     from tensorplan.cdmpp.evaluate import make_model
+    from tensorplan.cdmpp.model import SHIPPED_MODEL, train
 
-    if leaf_experts and model != "cdmpp":
-        raise typer.BadParameter("--leaf-experts wraps cdmpp only", param_hint="--leaf-experts")
     if ship and model != "cdmpp":
         raise typer.BadParameter("--ship packages CDMPP only; save other models with --out", param_hint="--model")
     make = None
     if model != "cdmpp":
-        if model.startswith("cdmpp") or "+" in model or "-ens" in model:
-            raise typer.BadParameter(f"'{model}': pass cdmpp (with --epochs/--max-time) or a single baseline "
-                                     "such as xgboost-hier; --members makes an ensemble", param_hint="--model")
+        if model.startswith("cdmpp"):
+            raise typer.BadParameter(f"'{model}': pass cdmpp (with --epochs/--max-time/--parts) or a single "
+                                     "baseline such as xgboost-hier; --members makes an ensemble", param_hint="--model")
         try:
             make_model(model)                           # unknown names fail here, before any data loads
         except TensorplanError as e:
@@ -85,8 +74,7 @@ def train_cmd(
     dest = SHIPPED_MODEL if ship else (out or cache_dir() / "models" / f"{model}.pt")
     _, info = train(data, devices=devices.split(",") if devices else None, out=dest, epochs=epochs,
                     max_time_s=max_time, max_cov=max_spread, stability=stability, members=members,
-                    make=make, parts_input=parts, leaf_experts=leaf_experts, w_rank=rank,
-                    workers=workers or default_workers())
+                    make=make, parts_input=parts, workers=workers or default_workers())
     if json_out:
         print(_dump(info))
         return
@@ -130,15 +118,12 @@ def finetune_cmd(
 def evaluate_cmd(
     data: Optional[str] = typer.Option(None, "--data", help="Dataset directory (default: data/cdmpp/); "
                                        "several, comma-separated, load as one (data/cdmpp,data/cdmpp-h100)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here "
-                                       "(e.g. bench/results/cdmpp_eval.json)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here (e.g. cdmpp_eval.json)."),
     doc: Optional[Path] = typer.Option(None, "--doc", help="Regenerate the results block of this markdown "
-                                       "file (e.g. docs/cdmpp.md)."),
-    models: Optional[str] = typer.Option(None, "--models", help="Comma-separated models (default: cdmpp, "
-                                         "cdmpp-nocmd, cdmpp-parts, cdmpp-nocmd-parts, cdmpp-parts-leaf, xgboost, xgboost-hier, "
-                                         "xgboost-deep, mlp, tlp, roofline, cdmpp-parts-leaf+xgboost-hier); more: "
-                                         "cdmpp-nocmd-parts-rank (within-task ranking term), cdmpp-roofline, "
-                                         "xgboost-parts, NAME-ens, A+B."),
+                                       "file (between its cdmpp-eval markers; appended when absent)."),
+    models: Optional[str] = typer.Option(None, "--models", help="Comma-separated models (default: all of cdmpp, "
+                                         "cdmpp-nocmd, cdmpp-nocmd-parts (what train ships), xgboost, xgboost-hier, "
+                                         "mlp, tlp, roofline)."),
     resume: bool = typer.Option(False, "--resume", help="Keep every model already scored in --out (same data "
                                 "and settings) and score only the others: continues a killed run, or adds "
                                 "models to a finished one. --out is saved after each model."),
@@ -161,7 +146,19 @@ def evaluate_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the result JSON."),
 ) -> None:
     """Train and score CDMPP and the baselines on the same splits; write JSON and a markdown table."""
-    from tensorplan.cdmpp.evaluate import DEFAULT_MODELS, evaluate, render_markdown, save_results, write_doc
+    run_evaluation(None, data=data, out=out, doc=doc, models=models, resume=resume, splits=splits, quick=quick,
+                   holdout=holdout, source=source, target=target, fewshot_tasks=fewshot_tasks, per_task=per_task,
+                   time_scale=time_scale, max_spread=max_spread, stability=stability, devices=devices,
+                   leaves=leaves, json_out=json_out)
+
+
+def run_evaluation(harness, *, data: Optional[str], out: Optional[Path], doc: Optional[Path], models: Optional[str],
+                   resume: bool, splits: str, quick: bool, holdout: Optional[str], source: str, target: str,
+                   fewshot_tasks: Optional[int], per_task: int, time_scale: float, max_spread: float, stability: str,
+                   devices: Optional[str], leaves: Optional[str], json_out: bool) -> None:
+    """What `predictor evaluate` does with its options, with `harness` (default: the product's
+    `evaluate.Harness`) naming the models: a harness that knows more models reuses the command."""
+    from tensorplan.cdmpp.evaluate import evaluate, render_markdown, save_results, write_doc
 
     if resume and out is None:
         raise typer.BadParameter("--resume needs --out (the result file to continue)", param_hint="--resume")
@@ -172,23 +169,23 @@ def evaluate_cmd(
         except (OSError, ValueError) as e:
             raise typer.BadParameter(f"cannot read {out} ({e}); drop --resume to start afresh",
                                      param_hint="--resume") from e
-    res = evaluate(data, models=models.split(",") if models else DEFAULT_MODELS, splits=splits.split(","),
+    res = evaluate(data, models=models.split(",") if models else None, splits=splits.split(","),
                    quick=quick, resume=earlier, checkpoint=(lambda doc: save_results(doc, out)) if out else None,
                    holdout_networks=holdout.split(",") if holdout else None, fewshot_tasks=fewshot_tasks,
                    source_device=source, target_device=target,
                    fewshot_per_task=per_task, time_scale=time_scale, max_cov=max_spread,
                    stability=stability, domains=devices.split(",") if devices else None,
-                   leaves=_leaf_counts(leaves) if leaves else None, log=_log)
+                   leaves=_leaf_counts(leaves) if leaves else None, log=_log, harness=harness)
     if out:
         save_results(res, out)
         _log(f"wrote {out}")
     if doc:
-        write_doc(res, doc)
+        write_doc(res, doc, harness)
         _log(f"updated {doc}")
     if json_out:
         print(_dump(res))
     else:
-        Console().print(render_markdown(res))
+        Console().print(render_markdown(res, harness))
 
 
 def register(app: typer.Typer) -> None:

@@ -668,8 +668,9 @@ class CudaCoexecutor:
         self.device = torch.device(device)
         self.compute = torch.cuda.Stream(self.device)
         self.copy = torch.cuda.Stream(self.device)
-        # keep one core free to drive the GPU
-        self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
+        # keep one of the cores this process may use free to drive the GPU
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+        self.cpu_threads = cpu_threads or max(1, usable - 1)
 
     def prepare(self, job: CoexecJob) -> dict:
         torch = self.torch
@@ -946,17 +947,17 @@ class ModelRunner:
                 "zero_copy_inputs": sum(p[3] for p in self.prepared.values()),
                 "cpu_nodes": sum(len(w) for kind, w in self.steps if kind == "cpu")}
 
-    def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    def run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], "StepTimes"]:
         """One inference: (all values, seconds spent in segments / CPU-only ops / hand-off / total)."""
         vals = dict(feeds)
-        tm = {"segments": 0.0, "cpu_ops": 0.0, "handoff": 0.0}
+        tm = StepTimes(0.0)
         t_all = time.perf_counter()
         for k, (kind, _) in enumerate(self.steps):
             if kind == "cpu":
                 sess, ins, outs = self.cpu_sessions[k]
                 a = time.perf_counter()
                 res = sess.run(outs, {n: vals[n] for n in ins})
-                tm["cpu_ops"] += time.perf_counter() - a
+                tm.cpu_ops += time.perf_counter() - a
                 vals.update(zip(outs, res))
                 continue
             pj, x_name, y_name, zero_copy = self.prepared[k]
@@ -969,9 +970,9 @@ class ModelRunner:
             if y_name in self.need_nchw:
                 vals[y_name] = self.pair.output(pj).reshape(self.graph.tensors[y_name].shape)
             d = time.perf_counter()
-            tm["segments"] += c - b
-            tm["handoff"] += (b - a) + (d - c)
-        tm["total"] = time.perf_counter() - t_all
+            tm.segments += c - b
+            tm.handoff += (b - a) + (d - c)
+        tm.total = time.perf_counter() - t_all
         return vals, tm
 
     def free(self) -> None:
@@ -980,31 +981,85 @@ class ModelRunner:
         self.prepared = {}
 
 
-def run_model(graph: Graph, ops: Sequence[Any], plans: Any, pair: "ProcessPair", repeats: int = 5,
-              feeds: dict[str, np.ndarray] | None = None) -> dict:
-    """Run the whole model under each plan (`plans`: one plan or {name: plan}, e.g. CoDL, CPU
-    only, GPU only) and ONNX Runtime on the full model at 1 and 2 threads, interleaved round by
-    round on the same cores; every plan's outputs are checked against ONNX Runtime.
+@dataclass
+class StepTimes:
+    """Seconds of one whole-model run: in co-executed segments, in CPU-only operators, handing
+    tensors between layouts, and in total."""
 
-    Returns per plan the median seconds (total, segments, CPU-only ops, hand-off), speedups over
-    ONNX Runtime, the max relative error and the step counts."""
+    total: float
+    segments: float = 0.0
+    cpu_ops: float = 0.0
+    handoff: float = 0.0
+
+    @classmethod
+    def median(cls, rounds: Sequence["StepTimes"]) -> "StepTimes":
+        return cls(**{k: float(np.median([getattr(r, k) for r in rounds]))
+                      for k in ("total", "segments", "cpu_ops", "handoff")})
+
+    def to_dict(self) -> dict[str, float]:
+        return {"segments": self.segments, "cpu_ops": self.cpu_ops, "handoff": self.handoff, "total": self.total}
+
+
+@dataclass
+class PlanRun:
+    """One plan of a whole model, run round after round: its steps, times and error vs ONNX Runtime."""
+
+    steps: dict[str, int]            # `ModelRunner.stats()`
+    rounds: list[StepTimes]
+    max_rel_err_vs_ort: float
+    speedup_vs_ort: dict[int, float]  # ORT thread count -> ORT's median / this plan's median
+
+    @property
+    def median(self) -> StepTimes:
+        return StepTimes.median(self.rounds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "median_s": self.median.to_dict(), "rounds": [r.to_dict() for r in self.rounds],
+                "max_rel_err_vs_ort": self.max_rel_err_vs_ort,
+                **{f"speedup_vs_ort_{t}t": v for t, v in self.speedup_vs_ort.items()}}
+
+
+@dataclass
+class ModelRun:
+    """Whole-model runs of several plans and of ONNX Runtime on the full model, interleaved."""
+
+    plans: dict[str, PlanRun]
+    ort_rounds: list[dict[int, float]]   # per round: ORT thread count -> seconds
+
+    @property
+    def ort_median_s(self) -> dict[int, float]:
+        return {t: float(np.median([r[t] for r in self.ort_rounds])) for t in self.ort_rounds[0]}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ort_median_s": {f"ort_{t}t": v for t, v in self.ort_median_s.items()},
+                "ort_rounds": [{f"ort_{t}t": v for t, v in r.items()} for r in self.ort_rounds],
+                "plans": {k: v.to_dict() for k, v in self.plans.items()}}
+
+
+def run_model(graph: Graph, ops: Sequence[Any], plans: Any, pair: "ProcessPair", repeats: int = 5,
+              feeds: dict[str, np.ndarray] | None = None) -> ModelRun:
+    """Run the whole model under each plan (`plans`: one plan, named "plan", or {name: plan}, e.g.
+    CoDL, CPU only, GPU only) and ONNX Runtime on the full model at 1 thread and at the pair's core
+    count, interleaved round by round on the same cores; every plan's outputs are checked against
+    ONNX Runtime."""
     from tensorplan.ir.reference import random_feeds, rel_error
     from tensorplan.ir.to_onnx import ort_session
 
     plans = plans if isinstance(plans, dict) else {"plan": plans}
     feeds = feeds or random_feeds(graph, 0)
+    ort_threads = tuple(dict.fromkeys((1, len(pair.cores))))
     runners: dict[str, ModelRunner] = {}
     try:
         for name, plan in plans.items():
             runners[name] = ModelRunner(graph, ops, plan, pair)
         stats = {name: r.stats() for name, r in runners.items()}
-        # full-model ORT baselines; the pool threads of the 2-thread session keep both cores and
-        # do not spin after a run (that would steal the cores from the co-execution rounds)
+        # full-model ORT baselines; the pool threads of the multi-thread session keep the pair's cores
+        # and do not spin after a run (that would steal the cores from the co-execution rounds)
         old = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else None
         if old is not None:
             os.sched_setaffinity(0, set(pair.cores))
         try:
-            base = {t: ort_session(graph, threads=t, spinning=False) for t in (1, 2)}
+            base = {t: ort_session(graph, threads=t, spinning=False) for t in ort_threads}
         finally:
             if old is not None:
                 os.sched_setaffinity(0, old)
@@ -1015,86 +1070,75 @@ def run_model(graph: Graph, ops: Sequence[Any], plans: Any, pair: "ProcessPair",
             base[t].run(None, {n: feeds[n] for n in in_names[t]})
             return time.perf_counter() - a
 
-        ref = dict(zip([o.name for o in base[2].get_outputs()], base[2].run(None, {n: feeds[n] for n in in_names[2]})))
-        run_base(1)
+        top = ort_threads[-1]
+        ref = dict(zip([o.name for o in base[top].get_outputs()],
+                       base[top].run(None, {n: feeds[n] for n in in_names[top]})))
+        run_base(ort_threads[0])
         errs = {}
         for name, r in runners.items():            # warm-up, and the outputs to check
             vals, _ = r.run(feeds)
             errs[name] = max(rel_error(vals[o], ref[o]) for o in graph.outputs if o in ref)
-        rounds: dict[str, list[dict[str, float]]] = {name: [] for name in runners}
-        ort_rounds: list[dict[str, float]] = []
-        for _ in range(repeats):                    # interleaved: every plan, ORT 1t, ORT 2t
+        rounds: dict[str, list[StepTimes]] = {name: [] for name in runners}
+        ort_rounds: list[dict[int, float]] = []
+        for _ in range(repeats):                    # interleaved: every plan, then ORT at each thread count
             for name, r in runners.items():
                 rounds[name].append(r.run(feeds)[1])
-            ort_rounds.append({"ort_1t": run_base(1), "ort_2t": run_base(2)})
+            ort_rounds.append({t: run_base(t) for t in ort_threads})
     finally:
         for r in runners.values():
             r.free()
-    ort_med = {k: float(np.median([r[k] for r in ort_rounds])) for k in ort_rounds[0]}
-    out = {"ort_median_s": ort_med, "ort_rounds": ort_rounds, "plans": {}}
+    out = ModelRun({}, ort_rounds)
+    ort_med = out.ort_median_s
     for name, rs in rounds.items():
-        med = {k: float(np.median([r[k] for r in rs])) for k in rs[0]}
-        out["plans"][name] = {"steps": stats[name], "median_s": med, "rounds": rs,
-                              "max_rel_err_vs_ort": errs[name],
-                              "speedup_vs_ort_1t": ort_med["ort_1t"] / med["total"],
-                              "speedup_vs_ort_2t": ort_med["ort_2t"] / med["total"]}
+        med = StepTimes.median(rs).total
+        out.plans[name] = PlanRun(stats[name], rs, errs[name], {t: v / med for t, v in ort_med.items()})
     return out
 
 
-def coexec_model(spec: str, method: str = "greedy", data_dir=None, repeats: int = 5,
-                 max_segments: int | None = None, check: bool = True, whole_model: bool = True) -> dict:
-    """Plan `spec`'s partitionable ops for the cpu+cpu2 stand-in and co-execute every segment
-    on real processes: predicted vs measured (min and median of `repeats`) per segment and in
-    total, components, max error vs the unsplit result, and a timeline of the segments; with
-    `whole_model`, also the whole model end to end (`run_model`: other operators on the CPU,
-    checked and timed against ONNX Runtime at 1 and 2 threads, interleaved)."""
-    from tensorplan.zoo.specs import load_model
-    from tensorplan.codl.partition import chain_links, extract_ops, plan_ops
+@dataclass
+class SegmentRun:
+    """One planned segment co-executed on the pair: predicted vs measured, and its exactness."""
 
-    graph = load_model(spec)
-    ops = extract_ops(graph)
-    if not ops:
-        raise TensorplanError(f"model '{spec}' has no partitionable Conv/Pool/FC operator at batch 1")
-    with ProcessPair() as pair:
-        cost = fit_local_cost(data_dir, pair)
-        plan = plan_ops([o.shape for o in ops], cost, chain_links(graph, ops), method)
-        rng = np.random.default_rng(0)
-        segs, events, t_off = [], {"cpu": [], "gpu": []}, 0.0
-        for seg in plan.segments[:max_segments]:
-            cos = ops[seg.start:seg.end]
-            job = CoexecJob([c.shape for c in cos], [op_weights(graph, c) for c in cos], seg.dim, seg.ratio,
-                            [epilogue_specs(graph, c.epilogue, c.node.outputs[0]) for c in cos], 16)
-            first = cos[0].shape
-            x = rng.standard_normal((1, first.ic) if first.kind == "fc" else (1, first.ic, first.ih, first.iw)
-                                    ).astype(np.float32)
-            pj = pair.prepare(job)
-            try:
-                pair.load_input(pj, x)
-                pair.run(pj)  # warm-up
-                runs = [pair.run(pj) for _ in range(repeats)]
-                err = float(np.abs(pair.output(pj) - reference_output(job, x).reshape(
-                    pair.output(pj).shape)).max()) if check else None
-            finally:
-                pair.free(pj)
-            best = min(runs, key=lambda r: r.total)
-            for proc in ("cpu", "gpu"):
-                events[proc] += [(f"{n} [{seg.start}:{seg.end}]", a + t_off, b + t_off) for n, a, b in best.events[proc]]
-            t_off += best.total
-            segs.append({"ops": [seg.start, seg.end], "names": [c.name for c in cos], "dim": seg.dim,
-                         "ratio": seg.ratio, "predicted": seg.cost.to_dict(), "measured_min": best.to_dict(),
-                         "measured_median_s": float(np.median([r.total for r in runs])), "max_abs_err": err,
-                         "memory": memory_overhead(job)})
-        whole = None
-        if whole_model:
-            shapes, links = [o.shape for o in ops], chain_links(graph, ops)
-            whole = run_model(graph, ops, {"codl": plan, "cpu_only": plan_ops(shapes, cost, links, "cpu"),
-                                           "gpu_only": plan_ops(shapes, cost, links, "gpu")}, pair, repeats)
-    pred = sum(s["predicted"]["total"] for s in segs)
-    meas = sum(s["measured_min"]["total"] for s in segs)
-    return {"model": spec, "processors": ["cpu", "cpu2"], "method": method, "plan": plan.to_dict(),
-            "segments": segs, "predicted_s": pred, "measured_min_s": meas,
-            "measured_median_s": sum(s["measured_median_s"] for s in segs),
-            "relative_error": pred / meas - 1.0 if meas > 0 else None, "events": events,
-            "whole_model": whole,
-            "note": "segments: partitionable ops (Conv/Pool/FC with fused elementwise epilogues); "
-                    "whole_model: every operator, the others on the CPU alone"}
+    start: int
+    end: int                       # ops [start, end) of `partition.extract_ops`
+    names: list[str]
+    dim: str
+    ratio: float
+    predicted: Any                 # `partition.Breakdown`
+    measured: RunTiming            # the fastest of the repeats (interference only adds time)
+    measured_median_s: float
+    max_abs_err: float | None      # vs the unsplit result (None: not checked)
+    memory: dict[str, int]         # `memory_overhead`, bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ops": [self.start, self.end], "names": self.names, "dim": self.dim, "ratio": self.ratio,
+                "predicted": self.predicted.to_dict(), "measured_min": self.measured.to_dict(),
+                "measured_median_s": self.measured_median_s, "max_abs_err": self.max_abs_err, "memory": self.memory}
+
+
+def run_segments(graph: Graph, ops: Sequence[Any], plan: Any, pair: "ProcessPair", repeats: int = 5,
+                 max_segments: int | None = None, check: bool = True, seed: int = 0) -> list[SegmentRun]:
+    """Co-execute each planned segment alone on random input: a warm-up, then `repeats` timed runs;
+    with `check`, its output against the unsplit reference."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for seg in plan.segments[:max_segments]:
+        cos = ops[seg.start:seg.end]
+        job = CoexecJob([c.shape for c in cos], [op_weights(graph, c) for c in cos], seg.dim, seg.ratio,
+                        [epilogue_specs(graph, c.epilogue, c.node.outputs[0]) for c in cos], 16)
+        first = cos[0].shape
+        x = rng.standard_normal((1, first.ic) if first.kind == "fc" else (1, first.ic, first.ih, first.iw)
+                                ).astype(np.float32)
+        pj = pair.prepare(job)
+        try:
+            pair.load_input(pj, x)
+            pair.run(pj)  # warm-up
+            runs = [pair.run(pj) for _ in range(repeats)]
+            err = float(np.abs(pair.output(pj) - reference_output(job, x).reshape(
+                pair.output(pj).shape)).max()) if check else None
+        finally:
+            pair.free(pj)
+        out.append(SegmentRun(seg.start, seg.end, [c.name for c in cos], seg.dim, seg.ratio, seg.cost,
+                              min(runs, key=lambda r: r.total), float(np.median([r.total for r in runs])), err,
+                              memory_overhead(job)))
+    return out

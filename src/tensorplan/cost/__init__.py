@@ -110,8 +110,8 @@ class AnalyticalCost:
     def __init__(self, device: Any = "local", launch_s: float | None = None,
                  compute_eff: float = 0.7, memory_eff: float = 0.7):
         if isinstance(device, str):
-            from tensorplan.devices import resolve
-            device = resolve(device)
+            from tensorplan import devices
+            device = devices.device(device)
         self.device = device
         self.peak_flops = float(device.peak_fp32_gflops) * 1e9 * compute_eff
         self.bandwidth = float(device.mem_bw_gbs) * 1e9 * memory_eff

@@ -44,21 +44,23 @@ COST_VERSION = 4  # bump when the kernels/schedules change so old timings are no
 
 
 class MeasuredCost:
-    """Korch-style profiling cost model (see module docstring)."""
+    """Korch-style profiling cost model (see module docstring). `device` is a name or a `DeviceSpec`
+    of this machine; kernels are timed at `threads` threads (default: the device's own count, every
+    usable core for 'local')."""
 
     name = "measured"
     supports_regions = True  # region candidates can only be timed, not estimated
 
-    def __init__(self, store: Any = None, device: Any = "local", threads: int = 2, budget_s: float = 0.05,
+    def __init__(self, store: Any = None, device: Any = "local", threads: int | None = None, budget_s: float = 0.05,
                  linear_backends: tuple[str, ...] = ("ort",), singleton_ort: bool = True,
                  tag: str = "", remeasure: bool = False, statistic: str = "min", outlier_factor: float = 4.0,
                  region_backends: tuple[str, ...] = ("ort", "openvino")):
-        from tensorplan.devices import resolve
+        from tensorplan import devices
         from tensorplan.measure.store import Store
         self.store = store if isinstance(store, Store) else Store(store)
-        self.spec = resolve(device) if isinstance(device, str) else device
+        self.spec = devices.device(device)
         self.dev_key = self.store.put_device(self.spec)
-        self.threads = int(threads)
+        self.threads = int(threads or devices.default_threads(self.spec))
         self.budget_s = float(budget_s)
         self.linear_backends = tuple(linear_backends)
         from tensorplan.kernels.openvino import available

@@ -40,6 +40,13 @@ try:
 except AttributeError:  # not Linux
     _PROCESS_AFFINITY = frozenset(range(os.cpu_count() or 1))
 
+
+def usable_cores() -> int:
+    """CPUs this process may use (its affinity when tensorplan.devices was imported): the default
+    thread count of every runtime, since the plan should use the machine it runs on."""
+    return max(1, len(_PROCESS_AFFINITY))
+
+
 # /proc/cpuinfo flag -> our ISA flag name
 _X86_FLAGS = {"avx2": "avx2", "avx512f": "avx512f", "fma": "fma", "avx512_bf16": "bf16", "f16c": "fp16",
               "avx512_fp16": "fp16", "amx_tile": "amx", "avx512_vnni": "vnni", "avx_vnni": "vnni"}

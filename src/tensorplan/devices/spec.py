@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -97,6 +98,28 @@ class DeviceSpec:
             raise TensorplanError(f"device spec {d.get('name', '?')!r} lacks field(s) {missing}; "
                                   "write them (see DeviceSpec in tensorplan.devices.spec)")
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    def save(self, path: str | Path) -> Path:
+        """Write this spec as JSON (what `tensorplan.device(path)` reads back): a device measured
+        once, or written by hand from a datasheet, can be named by its file."""
+        from tensorplan.paths import atomic_write
+        path = Path(path)
+        atomic_write(path, (json.dumps(self.to_dict(), indent=1) + "\n").encode())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DeviceSpec":
+        """A spec saved by `save` (or written by hand with the same fields)."""
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise TensorplanError(f"device spec file '{path}' does not exist") from None
+        except (OSError, ValueError) as e:
+            raise TensorplanError(f"device spec file '{path}' is not readable JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise TensorplanError(f"device spec file '{path}' does not hold a JSON object (one DeviceSpec)")
+        return cls.from_dict(d)
 
     # ---- derived numbers ------------------------------------------------------------------
     @property

@@ -70,6 +70,9 @@ class Graph:
         self.outputs: list[str] = []
         # opset of each non-default operator domain the model imports (e.g. com.microsoft)
         self.domain_opsets: dict[str, int] = {}
+        # the model spec it was loaded from (`tensorplan.load` sets it): a plan made from this
+        # graph records it, so the plan can reload its model in another process
+        self.source: str | None = None
 
     # -- construction ----------------------------------------------------
     def add_tensor(self, t: Tensor) -> Tensor:
@@ -223,6 +226,7 @@ class Graph:
     def copy(self) -> "Graph":
         g = Graph(self.name, self.opset)
         g.domain_opsets = dict(self.domain_opsets)
+        g.source = self.source
         g.tensors = {k: Tensor(t.name, tuple(t.shape), t.dtype, t.data) for k, t in self.tensors.items()}
         g.nodes = [Node(n.name, n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.domain)
                    for n in self.nodes]

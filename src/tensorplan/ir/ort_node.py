@@ -17,14 +17,7 @@ import numpy as np
 
 from tensorplan.errors import TensorplanError
 from tensorplan.ir.graph import Node
-
-# Opset of a non-default domain when the graph does not say (ONNX Runtime's current versions).
-DEFAULT_DOMAIN_OPSETS = {"com.microsoft": 1, "ai.onnx.ml": 3, "com.microsoft.nchwc": 1}
-_DEFAULT_DOMAINS = ("", "ai.onnx")
-
-
-def is_default_domain(domain: str) -> bool:
-    return domain in _DEFAULT_DOMAINS
+from tensorplan.ir.to_onnx import IR_VERSION, domain_opset, is_default_domain, node_to_proto, onnx_dtype
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,16 +26,9 @@ def _cpu_kernels() -> dict[tuple[str, str], list[tuple[int, int]]]:
     out: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for k in C.get_all_opkernel_def():
         if k.provider == "CPUExecutionProvider":
-            dom = "" if k.domain in _DEFAULT_DOMAINS else k.domain
+            dom = "" if is_default_domain(k.domain) else k.domain
             out.setdefault((dom, k.op_name), []).append(tuple(k.version_range))
     return out
-
-
-def domain_opset(domain: str, opset: int, domain_opsets: dict[str, int] | None = None) -> int:
-    """The opset version a node of `domain` follows."""
-    if is_default_domain(domain):
-        return opset
-    return int((domain_opsets or {}).get(domain, DEFAULT_DOMAIN_OPSETS.get(domain, 1)))
 
 
 def ort_has_kernel(op: str, domain: str, opset: int, domain_opsets: dict[str, int] | None = None) -> bool:
@@ -72,7 +58,6 @@ _MAX_SESSIONS = 256
 def _one_node_model(node: Node, inputs: list, opset: int, domain_opsets: dict[str, int] | None):
     import onnx
     from onnx import helper
-    from tensorplan.ir.to_onnx import IR_VERSION, node_to_proto, onnx_dtype
     in_names = [f"in{k}" if v is not None else "" for k, v in enumerate(inputs)]
     out_names = [f"out{k}" if o else "" for k, o in enumerate(node.outputs)]
     p = node_to_proto(Node(node.name or node.op, node.op, in_names, out_names, node.attrs, node.domain), opset)

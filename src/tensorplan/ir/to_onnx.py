@@ -20,6 +20,10 @@ from tensorplan.ir.graph import Graph, Node
 
 IR_VERSION = 9
 
+# Opset of a non-default domain when the graph does not say (ONNX Runtime's current versions).
+DEFAULT_DOMAIN_OPSETS = {"com.microsoft": 1, "ai.onnx.ml": 3, "com.microsoft.nchwc": 1}
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
 # op -> first opset where the listed attribute became an input (at index 1)
 _ATTR_TO_INPUT = {
     "ReduceSum": ("axes", 13), "Squeeze": ("axes", 13), "Unsqueeze": ("axes", 13),
@@ -28,6 +32,18 @@ _ATTR_TO_INPUT = {
                                      "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
                                      "ReduceSumSquare")},
 }
+
+
+def is_default_domain(domain: str) -> bool:
+    return domain in _DEFAULT_DOMAINS
+
+
+def domain_opset(domain: str, opset: int, domain_opsets: dict[str, int] | None = None) -> int:
+    """The opset version a node of `domain` follows (here, not in ort_node.py: exporting a graph
+    needs it, and ort_node builds its one-node models with this module)."""
+    if is_default_domain(domain):
+        return opset
+    return int((domain_opsets or {}).get(domain, DEFAULT_DOMAIN_OPSETS.get(domain, 1)))
 
 
 def onnx_dtype(name: str) -> int:
@@ -187,7 +203,6 @@ def graph_to_onnx(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
                   if o and o not in io and o in graph.tensors]
     g = helper.make_graph(proto_nodes, graph.name or "graph", inputs, outputs, inits,
                           value_info=value_info)
-    from tensorplan.ir.ort_node import domain_opset
     domains = sorted({n.domain for n in nodes if n.domain and n.domain != "ai.onnx"})
     imports = [helper.make_opsetid("", opset)] + [
         helper.make_opsetid(d, domain_opset(d, opset, graph.domain_opsets)) for d in domains]

@@ -1,5 +1,7 @@
 """Kernels as programs: primitive sub-graph -> TE/TIR (lower), default CPU schedules
-(schedule), compiled callables (build), vendor linear kernels (linear).
+(schedule), compiled callables (build); library kernels sharing one calling convention
+(base): ONNX Runtime, PyTorch and TVM (vendor), OpenVINO (openvino), PyTorch-compiled
+kernels for a torch device (torch_kernel).
 
 Import the submodules directly; this package imports TVM lazily.
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
+from tensorplan.devices import usable_cores
 from tensorplan.errors import CompileError
 from tensorplan.ir.graph import Graph
 from tensorplan.kernels.lower import Lowered, lower
@@ -38,8 +38,8 @@ def host_cpu() -> str:
 
 
 def local_target(threads: int | None = None) -> dict:
-    """JSON target dict for this CPU with `num-cores` = threads (default: all cores)."""
-    return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": int(threads or os.cpu_count() or 1)}
+    """JSON target dict for this CPU with `num-cores` = threads (default: every usable core)."""
+    return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": int(threads or usable_cores())}
 
 
 def make_target(target: Any = None, threads: int | None = None):
@@ -145,7 +145,8 @@ def compile_lowered(lowered: Lowered, target: Any = None, schedule: dict | None 
     import tvm_ffi
     tgt = make_target(target, threads)
     sched = dict(schedule or {"name": "default"})
-    n_threads = int(tgt.attrs.get("num-cores", threads or os.cpu_count() or 1)) if hasattr(tgt, "attrs") else 2
+    n_threads = int(tgt.attrs.get("num-cores", threads or usable_cores()) if hasattr(tgt, "attrs")
+                    else threads or usable_cores())
     h = hashlib.sha256()
     h.update(str(tvm_ffi.structural_hash(lowered.func)).encode())
     h.update(json.dumps(sched, sort_keys=True, default=str).encode())

@@ -6,15 +6,17 @@ the seven benchmark models more than 5 % faster than ONNX Runtime (YOLOv4 2.4x, 
 YOLOX-nano 0.86x; bench/openvino_probe.py): it fuses Swish/GELU into its convolutions and keeps
 blocked layouts across a region. Offering it next to ONNX Runtime lets the BLP pick per region.
 
-Same calling convention as every vendor kernel (`program.linear.VendorKernel`): `bind` wraps the
+Same calling convention as every vendor kernel (`kernels.base.VendorKernel`): `bind` wraps the
 given torch tensors as OpenVINO tensors sharing their memory, so a call copies nothing.
 """
 from __future__ import annotations
 
 import functools
 
+from tensorplan.devices import usable_cores
 from tensorplan.errors import CompileError
 from tensorplan.ir.graph import Graph
+from tensorplan.kernels.base import VendorKernel, out_graph
 
 #: The pinned version (pyproject.toml); other versions may work but were not measured.
 VERSION = "2026.4.1"
@@ -36,15 +38,17 @@ def _core():
     return ov.Core()
 
 
-def openvino_kernel(sub: Graph, outputs: list[str] | None = None, threads: int = 2, name: str | None = None):
-    """`sub` as one OpenVINO compiled model (CPU, fp32, latency hint, `threads` threads)."""
+def openvino_kernel(sub: Graph, outputs: list[str] | None = None, threads: int | None = None,
+                    name: str | None = None) -> VendorKernel:
+    """`sub` as one OpenVINO compiled model (CPU, fp32, latency hint, `threads` threads; default
+    every usable core)."""
     from tensorplan.ir.to_onnx import graph_to_onnx
-    from tensorplan.kernels.vendor import VendorKernel, _out_graph
+    threads = int(threads or usable_cores())
     name = name or sub.name
     if not available():
         raise CompileError(f"kernel '{name}': OpenVINO is not installed (pip install openvino=={VERSION})")
     import openvino as ov
-    g = _out_graph(sub, outputs)
+    g = out_graph(sub, outputs)
     try:
         model = graph_to_onnx(g)
         core = _core()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tensorplan.devices import usable_cores
 from tensorplan.errors import CompileError
 from tensorplan.kernels.lower import Lowered
 
@@ -396,9 +397,11 @@ def inlined_module(lowered: Lowered):
     return tvm.tirx.transform.ConvertSSA()(sch.mod)
 
 
-def default_schedule(lowered: Lowered, parallel: bool | None = None, threads: int = 2):
-    """The default schedule of a lowered kernel as an IRModule ready for `tvm.compile`."""
+def default_schedule(lowered: Lowered, parallel: bool | None = None, threads: int | None = None):
+    """The default schedule of a lowered kernel as an IRModule ready for `tvm.compile` (parallel
+    loops sized for `threads`, default every usable core)."""
     tvm, s_tir = _s()
+    threads = int(threads or usable_cores())
     func = inlined_module(lowered)
     try:
         sch = _try_rows(lowered, func, parallel, threads)
@@ -426,7 +429,7 @@ def naive_schedule(lowered: Lowered):
     return inlined_module(lowered)
 
 
-def apply_schedule(lowered: Lowered, schedule: dict | None, threads: int = 2, target=None) -> Any:
+def apply_schedule(lowered: Lowered, schedule: dict | None, threads: int | None = None, target=None) -> Any:
     """Schedule data -> IRModule. `{"name": "default"|"naive"|"tuned", ...}`."""
     schedule = schedule or {"name": "default"}
     name = schedule.get("name", "default")

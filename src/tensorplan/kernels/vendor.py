@@ -15,76 +15,29 @@ an I/O binding on the raw pointers, so no data is copied.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from tensorplan.devices import usable_cores
 from tensorplan.errors import CompileError
 from tensorplan.ir.graph import Graph
+from tensorplan.kernels.base import VendorKernel, np_dtype, out_graph, torch_dtype
 
 LINEAR_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 EPILOGUE_OPS = {"Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu", "Identity", "Max",
                 "Min", "Neg", "Abs"}
 
 
-
-def _np_dtype(d: str):
-    return {"float32": np.float32, "float16": np.float16, "float64": np.float64, "int64": np.int64,
-            "int32": np.int32, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}[d]
-
-
-def _torch_dtype(d: str):
-    import torch
-    return {"float32": torch.float32, "float16": torch.float16, "float64": torch.float64, "int64": torch.int64,
-            "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}[d]
-
-
-def _out_graph(sub: Graph, outputs: list[str] | None) -> Graph:
-    g = sub.copy()
-    g.outputs = list(outputs or sub.outputs)
-    g.inputs = [i for i in g.inputs if not g.tensors[i].is_constant]
-    return g
-
-
-@dataclass
-class VendorKernel:
-    """A kernel run by a library (ONNX Runtime / PyTorch); same interface as CompiledKernel."""
-
-    name: str
-    backend: str
-    input_names: list[str]
-    output_names: list[str]
-    output_shapes: list[tuple[int, ...]]
-    output_dtypes: list[str]
-    _bind: Callable[[list, list], Callable[[], Any]]
-    schedule: dict = field(default_factory=dict)
-    keep: Any = None
-
-    def alloc_outputs(self) -> list:
-        import torch
-        return [torch.empty(s, dtype=_torch_dtype(d)) for s, d in zip(self.output_shapes, self.output_dtypes)]
-
-    def bind(self, inputs: list, outputs: list) -> Callable[[], Any]:
-        for t in (*inputs, *outputs):
-            if not t.is_contiguous():
-                raise CompileError(f"kernel '{self.name}' ({self.backend}): tensors must be contiguous")
-        return self._bind(list(inputs), list(outputs))
-
-    def __call__(self, *inputs, out: list | None = None):
-        outs = out if out is not None else self.alloc_outputs()
-        self.bind([x.contiguous() for x in inputs], outs)()
-        return outs if len(outs) > 1 or out is not None else outs[0]
-
-
 # -------------------------------------------------------------------------------- ORT
-def ort_kernel(sub: Graph, outputs: list[str] | None = None, threads: int = 2, spinning: bool = False,
+def ort_kernel(sub: Graph, outputs: list[str] | None = None, threads: int | None = None, spinning: bool = False,
                name: str | None = None) -> VendorKernel:
     """Any standard-ONNX sub-graph as one ONNX Runtime session driven by I/O binding."""
     import onnxruntime as ort
 
     from tensorplan.ir.to_onnx import graph_to_onnx
-    g = _out_graph(sub, outputs)
+    g = out_graph(sub, outputs)
     name = name or sub.name
     try:
         model = graph_to_onnx(g)
@@ -96,7 +49,7 @@ def ort_kernel(sub: Graph, outputs: list[str] | None = None, threads: int = 2, s
     so.log_severity_level = 3
     # Per-session pools (ORT's global pool would force every session in the process onto it);
     # no spinning: idle workers must not steal the cores TVM and torch kernels run on next.
-    so.intra_op_num_threads = int(threads)
+    so.intra_op_num_threads = int(threads or usable_cores())
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     try:
@@ -107,8 +60,8 @@ def ort_kernel(sub: Graph, outputs: list[str] | None = None, threads: int = 2, s
                            f"{msg[0] if msg else type(e).__name__}") from None
     ins = list(g.inputs)
     outs = list(g.outputs)
-    in_meta = [(i, _np_dtype(g.tensors[i].dtype), list(g.tensors[i].shape)) for i in ins]
-    out_meta = [(o, _np_dtype(g.tensors[o].dtype), list(g.tensors[o].shape)) for o in outs]
+    in_meta = [(i, np_dtype(g.tensors[i].dtype), list(g.tensors[i].shape)) for i in ins]
+    out_meta = [(o, np_dtype(g.tensors[o].dtype), list(g.tensors[o].shape)) for o in outs]
 
     def bind(inputs: list, outputs_: list):
         io = sess.io_binding()
@@ -258,7 +211,7 @@ def torch_kernel(sub: Graph, outputs: list[str] | None = None, name: str | None 
     torch ops allocate their results, so the final result is copied into the bound output
     buffer (for a MatMul alone, `torch.matmul(out=)` writes in place instead)."""
     import torch
-    g = _out_graph(sub, outputs)
+    g = out_graph(sub, outputs)
     name = name or sub.name
     if len(g.outputs) != 1:
         raise CompileError(f"kernel '{name}': the torch backend produces one output")
@@ -308,23 +261,18 @@ def torch_kernel(sub: Graph, outputs: list[str] | None = None, name: str | None 
 
 
 # ------------------------------------------------------------------------------- TVM
-def tvm_kernel(sub: Graph, outputs: list[str] | None = None, threads: int = 2, name: str | None = None):
+def tvm_kernel(sub: Graph, outputs: list[str] | None = None, threads: int | None = None, name: str | None = None):
     """The TE lowering with the default schedule (MatMul only among linear ops)."""
     from tensorplan.kernels.build import compile_kernel, local_target
     return compile_kernel(sub, outputs, target=local_target(threads), threads=threads)
 
 
-BACKENDS: dict[str, Callable] = {
-    "ort": lambda sub, outputs, threads: ort_kernel(sub, outputs, threads),
-    "torch": lambda sub, outputs, threads: torch_kernel(sub, outputs),
-    "tvm": lambda sub, outputs, threads: tvm_kernel(sub, outputs, threads),
-}
-
-
-def make_kernel(sub: Graph, outputs: list[str] | None, backend: str, threads: int = 2,
+def make_kernel(sub: Graph, outputs: list[str] | None, backend: str, threads: int | None = None,
                 schedule: dict | None = None):
     """Build one kernel on a named backend ('tvm', 'ort', 'torch', 'openvino'); `schedule` is the
-    backend's knobs: TVM's schedule dict, ORT's {"threads": n, "spinning": bool}, OpenVINO's {"threads": n}."""
+    backend's knobs: TVM's schedule dict, ORT's {"threads": n, "spinning": bool}, OpenVINO's {"threads": n}.
+    `threads` defaults to every usable core."""
+    threads = int(threads or usable_cores())
     if backend == "tvm":
         from tensorplan.kernels.build import compile_kernel, local_target
         return compile_kernel(sub, outputs, target=local_target(threads), schedule=schedule, threads=threads)
@@ -367,11 +315,11 @@ def random_inputs(sub: Graph, names: list[str], seed: int = 0, cache: bool = Tru
         if x is None:
             gen = torch.Generator().manual_seed(seed)
             if t.dtype.startswith("float"):
-                x = torch.randn(t.shape, generator=gen, dtype=_torch_dtype(t.dtype))
+                x = torch.randn(t.shape, generator=gen, dtype=torch_dtype(t.dtype))
             elif t.dtype == "bool":
                 x = torch.rand(t.shape, generator=gen) < 0.5
             else:
-                x = torch.randint(0, 2, t.shape, generator=gen, dtype=_torch_dtype(t.dtype))
+                x = torch.randint(0, 2, t.shape, generator=gen, dtype=torch_dtype(t.dtype))
             if cache:
                 if len(_INPUT_CACHE) > 64:
                     _INPUT_CACHE.clear()
@@ -381,9 +329,10 @@ def random_inputs(sub: Graph, names: list[str], seed: int = 0, cache: bool = Tru
 
 
 def best_kernel(sub: Graph, outputs: list[str] | None = None, backends: tuple[str, ...] = ("ort", "torch", "tvm"),
-                threads: int = 2, budget_s: float = 0.1, check: bool = True) -> BackendChoice:
+                threads: int | None = None, budget_s: float = 0.1, check: bool = True) -> BackendChoice:
     """Build `sub` on each backend that accepts it, check they agree, time them, keep the fastest."""
     from tensorplan.measure.timer import measure
+    threads = int(threads or usable_cores())
     built: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for b in backends:
@@ -429,7 +378,7 @@ def _close(a, b, tol: float = 1e-4) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def call_overheads(threads: int = 2) -> dict[str, float]:
+def call_overheads(threads: int | None = None) -> dict[str, float]:
     """Per-call overhead (s) of each backend on a 16-element Relu (what fusion saves per launch)."""
     from tensorplan.ir.graph import Node, Tensor
     from tensorplan.measure.timer import measure

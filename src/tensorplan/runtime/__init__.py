@@ -1,4 +1,4 @@
-"""Running plans: `PlanExecutor` (compiled kernels on reused buffers) and `run_plan`."""
-from tensorplan.runtime.executor import PlanExecutor, RunResult, build_kernel, ort_reference, run_plan  # noqa: F401
-
-__all__ = ["PlanExecutor", "RunResult", "build_kernel", "ort_reference", "run_plan"]
+"""Plans and running them: `plan` (the `Plan` data, `plan.run`, `plan.export`, `load_plan`),
+`executor` (compiled kernels on reused buffers, this CPU), `torch_runner` (PyTorch kernels, one
+CUDA graph on a GPU), `export` (a plan as one ONNX file) and `buffers` (arena slot assignment).
+Import the submodules directly."""

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from tensorplan.devices import usable_cores
 from tensorplan.errors import CompileError, PlanError, TensorplanError
 from tensorplan.ir.graph import Graph
-from tensorplan.runtime.plan import Plan, PlanKernel, plan_buffers
+from tensorplan.runtime.buffers import plan_buffers
+
+if TYPE_CHECKING:  # the plan module runs this one (Plan.run), not the other way round
+    from tensorplan.runtime.plan import Plan, PlanKernel
 
 DEFAULT_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "ort"}
 FALLBACKS = {"tvm": ["ort", "reference"], "ort": ["reference"], "openvino": ["ort", "reference"], "torch": ["ort", "reference"],
@@ -41,7 +44,7 @@ def _tdtype(d: str):
 def reference_kernel(sub: Graph, name: str):
     """Last resort for an op no backend builds: the numpy reference executor + a copy."""
     from tensorplan.ir.reference import run_reference
-    from tensorplan.kernels.vendor import VendorKernel
+    from tensorplan.kernels.base import VendorKernel
     torch = _torch()
     ins = [i for i in sub.inputs if not sub.tensors[i].is_constant]
     outs = list(sub.outputs)
@@ -60,7 +63,7 @@ def reference_kernel(sub: Graph, name: str):
 def inductor_kernel(sub: Graph, name: str):
     """A kernel compiled by PyTorch Inductor (program.torch_kernel) on the CPU, writing its results
     into the plan's buffers (one copy per output: Inductor allocates its own outputs)."""
-    from tensorplan.kernels.vendor import VendorKernel
+    from tensorplan.kernels.base import VendorKernel
     from tensorplan.kernels.torch_kernel import build_kernel as build_torch
     ins = [i for i in sub.inputs if not sub.tensors[i].is_constant]
     outs = list(sub.outputs)
@@ -79,7 +82,7 @@ def inductor_kernel(sub: Graph, name: str):
                         output_dtypes=[sub.tensors[o].dtype for o in outs], _bind=bind)
 
 
-def kernel_graph(prim: Graph, k: PlanKernel, source: Graph | None = None) -> Graph:
+def kernel_graph(prim: Graph, k: "PlanKernel", source: Graph | None = None) -> Graph:
     """What a plan kernel computes, as a standalone Graph: its primitives, or for a region kernel
     the original operators it names (`schedule["operators"]`, taken from `source`)."""
     if k.kind == "region":
@@ -94,9 +97,10 @@ def kernel_graph(prim: Graph, k: PlanKernel, source: Graph | None = None) -> Gra
     return sub
 
 
-def build_kernel(prim: Graph, k: PlanKernel, threads: int = 2, source: Graph | None = None
+def build_kernel(prim: Graph, k: "PlanKernel", threads: int | None = None, source: Graph | None = None
                  ) -> tuple[Any, str, list[str]]:
-    """Build a plan kernel on its backend, falling back (tvm -> ort -> reference) with reasons."""
+    """Build a plan kernel on its backend (`threads`: default every usable core), falling back
+    (tvm -> ort -> reference) with reasons."""
     from tensorplan.kernels.vendor import make_kernel
     sub = kernel_graph(prim, k, source)
     backend = k.backend or DEFAULT_BACKEND.get(k.kind, "ort")
@@ -116,7 +120,9 @@ def build_kernel(prim: Graph, k: PlanKernel, threads: int = 2, source: Graph | N
 
 @dataclass
 class KernelSlot:
-    kernel: PlanKernel
+    """One compiled kernel of a running plan, bound to its buffers."""
+
+    kernel: "PlanKernel"
     compiled: Any
     backend: str
     call: Callable[[], Any]
@@ -126,14 +132,15 @@ class KernelSlot:
 class PlanExecutor:
     """Compile a plan's kernels once and run them in order on preallocated, reused buffers."""
 
-    def __init__(self, plan: Plan, prim: Graph, threads: int = 2, progress: bool = False,
+    def __init__(self, plan: "Plan", prim: Graph | None = None, threads: int | None = None, progress: bool = False,
                  source: Graph | None = None):
         torch = _torch()
+        prim = prim if prim is not None else plan.primitive_graph()
         if source is None and any(k.kind == "region" for k in plan.kernels):
             source = plan.source_graph()
         self.plan = plan
         self.prim = prim
-        self.threads = int(threads)
+        self.threads = int(threads or usable_cores())
         t0 = time.perf_counter()
         if not plan.buffers:
             plan_buffers(plan, prim)
@@ -231,7 +238,8 @@ class PlanExecutor:
 
 @dataclass
 class RunResult:
-    """What `run_plan` measured: latency, fidelity to the plan's prediction, correctness."""
+    """What `Plan.run` measured: latency, fidelity to the plan's prediction, correctness; the run's
+    outputs in `outputs`."""
 
     model: str
     kernels: int
@@ -254,42 +262,22 @@ class RunResult:
         return d
 
 
-def _load_plan(plan: str | Path | Plan | dict) -> Plan:
-    if isinstance(plan, Plan):
-        return plan
-    if isinstance(plan, dict):
-        return Plan.from_dict(plan)
-    return Plan.load(plan)
-
-
-def ort_reference(plan: Plan, feeds: dict[str, np.ndarray], threads: int = 2) -> dict[str, np.ndarray]:
+def ort_reference(plan: "Plan", feeds: dict[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
     """Outputs of ONNX Runtime on the plan's *original* model (not the primitive graph)."""
-    from tensorplan.zoo.specs import load_model
     from tensorplan.ir.to_onnx import run_onnxruntime
-    src = plan.source
-    shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None
-    g = load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
-    return run_onnxruntime(g, feeds, threads=threads)
+    return run_onnxruntime(plan.model_graph(), feeds, threads=int(threads or usable_cores()))
 
 
-def run_plan(plan: str | Path | Plan | dict, feeds: dict[str, np.ndarray] | None = None, check: bool = True,
-             repeats: int | None = None, threads: int = 2, budget_s: float = 2.0, prim: Graph | None = None,
-             kernel_times: bool = False, tol: float | None = None, progress: bool = False) -> RunResult:
-    """Compile and run a plan, time it (median), and check its outputs against ONNX Runtime on the
-    original model (max relative error <= `tol`, default `default_tolerance`: 1e-4 for fp32).
-    `repeats` fixes the number of timed runs."""
-    from tensorplan.ir.reference import default_tolerance, random_feeds, rel_error
+def run_cpu_plan(plan: "Plan", prim: Graph, feeds: dict[str, np.ndarray], *, check: bool = True,
+                 repeats: int | None = None, threads: int | None = None, budget_s: float = 2.0,
+                 kernel_times: bool = False, tol: float = 1e-4, progress: bool = False) -> RunResult:
+    """`Plan.run` for plans on this CPU: compile with `PlanExecutor`, time the median run (`repeats`
+    runs, or ~`budget_s` seconds), and with `check` compare with ONNX Runtime (max rel. error <= `tol`)."""
+    from tensorplan.ir.reference import rel_error
     from tensorplan.measure.timer import measure, pinned_threads
-    p = _load_plan(plan)
-    prim = prim if prim is not None else p.primitive_graph()
-    tol = default_tolerance(prim) if tol is None else tol
-    from tensorplan.runtime.torch_runner import is_torch_plan, run_torch_plan
-    if is_torch_plan(p):  # kernels chosen on a torch device (a GPU): PyTorch-built, one CUDA graph
-        return run_torch_plan(p, prim, feeds if feeds is not None else random_feeds(prim, seed=0), check=check,
-                              repeats=repeats, budget_s=budget_s, tol=tol, threads=threads)
+    threads = int(threads or usable_cores())
     with pinned_threads(threads):
-        ex = PlanExecutor(p, prim, threads=threads, progress=progress)
-        feeds = feeds if feeds is not None else random_feeds(prim, seed=0)
+        ex = PlanExecutor(plan, prim, threads=threads, progress=progress)
         outs = ex.run(feeds)
         if repeats:
             tm = measure(ex.run_bound, warmup=2, min_repeats=repeats, max_repeats=repeats, budget_s=0.0)
@@ -300,46 +288,17 @@ def run_plan(plan: str | Path | Plan | dict, feeds: dict[str, np.ndarray] | None
     max_err = None
     ok = None
     if check:
-        ref = ort_reference(p, feeds, threads=threads)
+        ref = ort_reference(plan, feeds, threads=threads)
         for o in prim.outputs:
             if o in ref:
                 errors[o] = float(rel_error(np.atleast_1d(outs[o]), np.atleast_1d(ref[o])))
         max_err = max(errors.values()) if errors else None
         ok = max_err is not None and max_err <= tol
     fallbacks = [f"{s.kernel.id}: {n}" for s in ex.slots for n in s.notes]
-    return RunResult(model=str(p.source.get("model")), kernels=len(ex.slots), median_s=tm.median_s,
-                     timing=tm.to_dict(), predicted_s=p.predicted_s, max_rel_err=max_err, ok=ok, tol=tol,
+    return RunResult(model=str(plan.source.get("model")), kernels=len(ex.slots), median_s=tm.median_s,
+                     timing=tm.to_dict(), predicted_s=plan.predicted_s, max_rel_err=max_err, ok=ok, tol=tol,
                      backends=ex.backend_counts(), compile_s=ex.compile_s, arena_bytes=ex.arena_bytes,
                      fallbacks=fallbacks, outputs=outs, kernel_sum_s=ksum, errors=errors)
 
 
-
-
-def race_plans(plans: dict[str, Plan], prim: Graph, feeds: dict[str, np.ndarray], threads: int = 2,
-               rounds: int = 7, pause_s: float = 0.05, burst_s: float = 0.0) -> tuple[str, dict[str, float]]:
-    """Run several plans of one model interleaved (random order per round, a pause before each
-    run, as the benchmark does) and return (fastest name, median seconds per plan).
-
-    Why: the BLP adds solo kernel timings, and inside a running plan every kernel boundary
-    costs more than solo timings show (thread pools waking, cold caches); a plan that looks
-    cheaper on paper can run slower. Measuring the finalists end to end is the proof."""
-    import statistics
-    from tensorplan.measure.timer import interleaved, pinned_threads
-    with pinned_threads(threads):
-        runs = {}
-        for name, p in plans.items():
-            from tensorplan.runtime.torch_runner import TorchPlanRunner, is_torch_plan
-            if is_torch_plan(p):
-                r = TorchPlanRunner(p, prim, device=p.kernels[0].schedule["device"], cuda_graph=False)
-                r.bind(feeds)
-                runs[name] = r.replay
-                continue
-            ex = PlanExecutor(p, prim, threads=threads)
-            ex.set_inputs(feeds)
-            runs[name] = ex.run_bound
-        times = interleaved(runs, rounds, pause_s=pause_s, burst_s=burst_s)
-    med = {n: statistics.median(v) for n, v in times.items()}
-    return min(med, key=med.get), med
-
-
-__all__ = ["PlanExecutor", "RunResult", "run_plan", "build_kernel", "kernel_graph", "ort_reference", "race_plans"]
+__all__ = ["PlanExecutor", "RunResult", "build_kernel", "kernel_graph", "ort_reference", "run_cpu_plan"]

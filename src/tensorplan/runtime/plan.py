@@ -1,4 +1,4 @@
-"""`Plan`: the orchestrator's result as versioned JSON data, not code.
+"""`Plan`: the orchestrator's result as versioned JSON data, not code, and what a user does with it.
 
 Why data: a plan can be saved, diffed, re-run on another machine and verified
 independently of the solver that produced it (`verify`). Schema
@@ -6,9 +6,9 @@ independently of the solver that produced it (`verify`). Schema
 
 ```
 {"schema": "tensorplan.korch/1",
- "source": {"model": spec, "opset": 17, "input_shapes": {...}, "fingerprint": <original graph>,
+ "source": {"model": spec, "opset": 17, "input_shapes": {...}, "fingerprint": <rewritten graph>,
             "prim_fingerprint": <primitive graph>, "num_primitives": N, "opaque": [[node, op], ...]},
- "device": {...DeviceSpec.to_dict() or {"name": ...}},
+ "device": {...DeviceSpec.to_dict()},
  "kernels": [{"id": "k0", "candidate": 17, "nodes": [...], "inputs": [...], "outputs": [...],
               "kind": "memory"|"linear"|"opaque"|"region", "backend": "tvm"|"torch"|"ort"|"reference"|"",
               "schedule": {...},                  # region kernels: {"operators": [original nodes], ...} "predicted_s": 1.2e-5, "canonical_hash": "..."}],
@@ -20,18 +20,27 @@ independently of the solver that produced it (`verify`). Schema
  "stats": {...}, "options": {...}}
 ```
 
-The executor (runtime/) re-derives the primitive graph with `Plan.primitive_graph()`, which
-refuses to run a plan whose primitive graph fingerprint no longer matches.
+A plan keeps its model's graphs in memory: the pipeline that makes it hands over the model as
+loaded, the rewritten graph and the primitive graph; a plan read from a file derives them once,
+on first use, from `source` (refusing when the primitive graph's fingerprint no longer matches).
+`plan.run(feeds)` compiles and runs it on this machine, `plan.export(path)` writes it as one ONNX
+file for stock ONNX Runtime, `plan.save(path)` / `load_plan(path)` round-trip it as JSON.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from tensorplan.errors import PlanError
+from tensorplan.errors import ModelImportError, PlanError
 from tensorplan.ir.graph import Graph
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tensorplan.runtime.executor import RunResult
+    from tensorplan.runtime.export import ExportResult
 
 SCHEMA = "tensorplan.korch/1"
 
@@ -84,6 +93,10 @@ class Plan:
     stats: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
+    # the model's graphs, in memory only (never saved): as loaded, rewritten, fissioned
+    _model: Graph | None = field(default=None, init=False, repr=False, compare=False)
+    _graph: Graph | None = field(default=None, init=False, repr=False, compare=False)
+    _prim: Graph | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- queries --------------------------------------------------------------------------
     @property
@@ -101,32 +114,107 @@ class Plan:
         by = {k.id: k for k in self.kernels}
         return [by[k] for k in self.order]
 
+    # -- the model's graphs (cached) ---------------------------------------------------------
+    def keep_graphs(self, model: Graph | None = None, graph: Graph | None = None, prim: Graph | None = None) -> None:
+        """Hold the graphs the pipeline made this plan from, so nothing is loaded or derived again."""
+        self._model = model if model is not None else self._model
+        self._graph = graph if graph is not None else self._graph
+        self._prim = prim if prim is not None else self._prim
+
+    def model_graph(self) -> Graph:
+        """The model as loaded (before rewrites): what ONNX Runtime runs as the reference."""
+        if self._model is None:
+            from tensorplan.zoo.specs import load
+            src = self.source
+            if "model" not in src:
+                raise PlanError("plan has no source model to load")
+            shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None
+            try:
+                self._model = load(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
+            except ModelImportError as e:
+                if not src.get("in_memory"):
+                    raise
+                raise PlanError(f"plan for '{src['model']}' was made from a graph built in memory, which this "
+                                f"process does not have ({e}); orchestrate a model file or spec to keep the plan "
+                                "runnable elsewhere") from None
+        return self._model
+
     def source_graph(self) -> Graph:
-        """Reload the model from `source` with the plan's rewrites re-applied (region kernels run
-        its operators); fails if the rewrites no longer come out the same."""
-        from tensorplan.zoo.specs import load_model  # type: ignore[attr-defined]
-        src = self.source
-        shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None
-        g = load_model(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
-        if not src.get("rewrite"):
-            return g
-        from tensorplan.rewrite.rules import WINOGRAD, rewrite
-        rr = rewrite(g, winograd=[n for r, n in src.get("rewrites") or [] if r == WINOGRAD])
-        if [list(x) for x in rr.applied] != [list(x) for x in src.get("rewrites") or []]:
-            raise PlanError(f"plan for '{src['model']}' was made with rewrites {src.get('rewrites')}, but the model "
-                            f"now gives {[list(x) for x in rr.applied]}; re-run `tensorplan orchestrate`")
-        return rr.graph
+        """The model with the plan's rewrites applied (region kernels run its operators); fails if
+        the rewrites no longer come out the same."""
+        if self._graph is None:
+            g = self.model_graph()
+            src = self.source
+            if src.get("rewrite"):
+                from tensorplan.rewrite import WINOGRAD, rewrite
+                want = [list(x) for x in src.get("rewrites") or []]
+                rr = rewrite(g, winograd=[n for r, n in want if r == WINOGRAD])
+                if [list(x) for x in rr.applied] != want:
+                    raise PlanError(f"plan for '{src['model']}' was made with rewrites {want}, but the model now "
+                                    f"gives {[list(x) for x in rr.applied]}; re-run `tensorplan orchestrate`")
+                g = rr.graph
+            self._graph = g
+        return self._graph
 
     def primitive_graph(self) -> Graph:
-        """Reload the model from `source` and re-run fission; fails if it no longer matches."""
-        from tensorplan.korch import fission as _f
-        src = self.source
-        prim = _f.fission(self.source_graph()).graph
-        want = src.get("prim_fingerprint")
-        if want and prim.fingerprint() != want:
-            raise PlanError(f"plan for '{src['model']}' was made for primitive graph {want}, but the model "
-                            f"now gives {prim.fingerprint()}; re-run `tensorplan orchestrate`")
-        return prim
+        """The fissioned graph the kernels are made of; fails if it no longer matches the plan."""
+        if self._prim is None:
+            from tensorplan.korch.fission import fission
+            src = self.source
+            prim = fission(self.source_graph()).graph
+            want = src.get("prim_fingerprint")
+            if want and prim.fingerprint() != want:
+                raise PlanError(f"plan for '{src.get('model')}' was made for primitive graph {want}, but the model "
+                                f"now gives {prim.fingerprint()}; re-run `tensorplan orchestrate`")
+            self._prim = prim
+        return self._prim
+
+    def copy(self) -> "Plan":
+        """An independent copy of the plan's data that shares its (read-only) graphs: a variant to edit."""
+        other = Plan.from_dict(json.loads(self.to_json()))
+        other.keep_graphs(self._model, self._graph, self._prim)
+        return other
+
+    # -- using it ---------------------------------------------------------------------------
+    def run_threads(self, threads: int | None = None) -> int:
+        """Threads to run with: `threads`, else what the plan was made and raced with, at most this
+        machine's usable cores."""
+        from tensorplan.devices import usable_cores
+        if threads:
+            return int(threads)
+        made = int(self.options.get("threads") or 0)
+        return min(made, usable_cores()) if made > 0 else usable_cores()
+
+    def run(self, feeds: dict[str, "np.ndarray"] | None = None, *, check: bool = True, repeats: int | None = None,
+            threads: int | None = None, budget_s: float = 2.0, kernel_times: bool = False, tol: float | None = None,
+            progress: bool = False) -> "RunResult":
+        """Compile the kernels, run the plan on `feeds` (default: seeded random inputs), time it (median
+        of `repeats` runs, or of ~`budget_s` seconds) and, with `check`, compare its outputs with ONNX
+        Runtime on the original model (max relative error <= `tol`, default 1e-4 for fp32 outputs).
+        Plans made for a GPU run as PyTorch kernels replayed as one CUDA graph."""
+        from tensorplan.ir.reference import default_tolerance, random_feeds
+        from tensorplan.runtime.torch_runner import is_torch_plan
+        prim = self.primitive_graph()
+        feeds = feeds if feeds is not None else random_feeds(prim, seed=0)
+        tol = default_tolerance(prim) if tol is None else tol
+        n = self.run_threads(threads)
+        if is_torch_plan(self):
+            from tensorplan.runtime.torch_runner import run_torch_plan
+            return run_torch_plan(self, prim, feeds, check=check, repeats=repeats, budget_s=budget_s, tol=tol,
+                                  threads=n)
+        from tensorplan.runtime.executor import run_cpu_plan
+        return run_cpu_plan(self, prim, feeds, check=check, repeats=repeats, threads=n, budget_s=budget_s,
+                            kernel_times=kernel_times, tol=tol, progress=progress)
+
+    def export(self, path: str | Path, *, threads: int | None = None, check: bool = True, tol: float | None = None,
+               rounds: int = 15, spinning: bool | None = None,
+               log: Callable[[str], None] | None = None) -> "ExportResult":
+        """Write the plan as one ONNX file that stock ONNX Runtime runs (the rewritten model; the result
+        says whether that is the plan itself), check it against ONNX Runtime on the original model and
+        time both, interleaved, for `rounds` rounds (0: no timing)."""
+        from tensorplan.runtime.export import export_plan
+        return export_plan(self, path, threads=self.run_threads(threads), check=check, tol=tol, rounds=rounds,
+                           spinning=spinning, log=log)
 
     # -- (de)serialisation ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -162,6 +250,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        """A plan saved with `save` (its graphs are derived again on first use)."""
         path = Path(path)
         try:
             d = json.loads(path.read_text())
@@ -173,18 +262,44 @@ class Plan:
             raise PlanError(f"plan file '{path}' does not hold a JSON object")
         return cls.from_dict(d)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> "PlanSummary":
+        """The figures `tensorplan orchestrate` prints."""
         kinds: dict[str, int] = {}
         for k in self.kernels:
             kinds[k.kind] = kinds.get(k.kind, 0) + 1
-        return {"model": self.source.get("model"), "device": self.device.get("name"),
-                "kernels": len(self.kernels), "kinds": kinds, "predicted_s": self.predicted_s,
-                "solver": {k: self.solver.get(k) for k in ("method", "status", "mip_gap", "solve_s", "objective_s")},
-                "opaque": self.source.get("opaque", []), "rewrites": self.source.get("rewrites", []),
-                "timing": self.timing,
-                "recomputed_primitives": self.stats.get("recomputed_primitives"),
-                "race": self.stats.get("race"),
-                "arena_bytes": sum(self.slots)}
+        return PlanSummary(model=str(self.source.get("model")), device=str(self.device.get("name")),
+                           kernels=len(self.kernels), kinds=kinds, predicted_s=self.predicted_s,
+                           solver={k: self.solver.get(k) for k in ("method", "status", "mip_gap", "solve_s",
+                                                                   "objective_s")},
+                           opaque=list(self.source.get("opaque", [])), rewrites=list(self.source.get("rewrites", [])),
+                           timing=dict(self.timing), recomputed_primitives=self.stats.get("recomputed_primitives"),
+                           race=self.stats.get("race"), arena_bytes=int(sum(self.slots)))
+
+
+def load_plan(path: str | Path) -> Plan:
+    """A plan saved by `plan.save` / `tensorplan orchestrate -o`."""
+    return Plan.load(path)
+
+
+@dataclass
+class PlanSummary:
+    """A plan in a few figures (what the CLI prints, `to_dict` for --json)."""
+
+    model: str
+    device: str
+    kernels: int
+    kinds: dict[str, int]
+    predicted_s: float
+    solver: dict[str, Any]
+    opaque: list
+    rewrites: list
+    timing: dict[str, float]
+    recomputed_primitives: int | None
+    race: dict[str, Any] | None
+    arena_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 def _json_default(o: Any):
@@ -321,41 +436,4 @@ def _check_convex(prim: Graph, k: PlanKernel, pos: dict[str, int]) -> None:
                 stack.append(c.name)
 
 
-def plan_buffers(plan: Plan, prim: Graph) -> None:
-    """Fill `plan.buffers` and `plan.slots`: lifetimes of every kernel-produced tensor in
-    `order`, and slots from a greedy interval-colouring allocator (best fit by size; graph
-    outputs live to the end). Graph inputs and constants are owned by the caller."""
-    order = plan.order
-    pos = {kid: i for i, kid in enumerate(order)}
-    last: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for kid in order:
-        k = plan.kernel(kid)
-        for o in k.outputs:
-            first.setdefault(o, pos[kid])
-        for i in k.inputs:
-            last[i] = max(last.get(i, -1), pos[kid])
-    end = len(order)
-    bufs = []
-    for t, f in first.items():
-        lu = end if t in prim.outputs else last.get(t, f)
-        bufs.append({"tensor": t, "bytes": int(prim.tensors[t].nbytes), "first_use": f, "last_use": lu})
-    bufs.sort(key=lambda b: (b["first_use"], -b["bytes"]))
-    slots: list[int] = []
-    free_at: list[int] = []  # step after which the slot is free
-    for b in bufs:
-        cands = [s for s in range(len(slots)) if free_at[s] < b["first_use"]]
-        fit = [s for s in cands if slots[s] >= b["bytes"]]
-        if fit:
-            s = min(fit, key=lambda s: slots[s])
-        elif cands:
-            s = max(cands, key=lambda s: slots[s])
-            slots[s] = b["bytes"]
-        else:
-            slots.append(b["bytes"])
-            free_at.append(-1)
-            s = len(slots) - 1
-        b["slot"] = s
-        free_at[s] = b["last_use"]
-    plan.buffers = bufs
-    plan.slots = slots
+__all__ = ["SCHEMA", "Plan", "PlanKernel", "PlanSummary", "kernel_io", "load_plan", "topo_order", "verify"]

@@ -1,4 +1,4 @@
-"""Run a `Plan` on a torch device (a CUDA GPU), each kernel a PyTorch program (`program.torch_kernel`).
+"""Run a `Plan` on a torch device (a CUDA GPU), each kernel a PyTorch program (`kernels.torch_kernel`).
 
 Why: the TVM/ONNX Runtime executor (`runtime.executor`) is CPU-only here. On a GPU the plan's
 kernels are Inductor-fused programs and cuDNN/cuBLAS calls; the runner keeps every tensor on
@@ -9,19 +9,22 @@ kernels (what `torch.compile(mode="reduce-overhead")` does for the whole model).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tensorplan.errors import PlanError
+from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir.graph import Graph
-from tensorplan.runtime.plan import Plan
+from tensorplan.runtime.executor import RunResult, ort_reference
+
+if TYPE_CHECKING:  # the plan module runs this one (Plan.run), not the other way round
+    from tensorplan.runtime.plan import Plan
 
 
 class TorchPlanRunner:
     """Compiled kernels of one plan on `device`; `run(feeds)` or, after `bind(feeds)`, `replay()`."""
 
-    def __init__(self, plan: Plan, prim: Graph | None = None, *, device: str = "cuda", compile: bool = True,
+    def __init__(self, plan: "Plan", prim: Graph | None = None, *, device: str = "cuda", compile: bool = True,
                  cuda_graph: bool = True):
         import torch
         from tensorplan.kernels.torch_kernel import build_kernel
@@ -100,20 +103,22 @@ class TorchPlanRunner:
                 for k, v in outs.items()}
 
 
-def is_torch_plan(plan: Plan) -> bool:
+def is_torch_plan(plan: "Plan") -> bool:
     """True when the plan's kernels were built for `TorchPlanRunner` (cost model on a torch device)."""
     return bool(plan.kernels) and all(k.backend.startswith("torch") and "device" in k.schedule
                                       for k in plan.kernels)
 
 
-def run_torch_plan(plan: Plan, prim: Graph, feeds: dict[str, np.ndarray], *, check: bool = True,
-                   repeats: int | None = None, budget_s: float = 2.0, tol: float = 1e-4, threads: int = 2):
-    """`runtime.executor.run_plan` for torch plans: build, bind (CUDA graph on a GPU), time, check vs ORT."""
+def run_torch_plan(plan: "Plan", prim: Graph, feeds: dict[str, np.ndarray], *, check: bool = True,
+                   repeats: int | None = None, budget_s: float = 2.0, tol: float = 1e-4,
+                   threads: int | None = None) -> RunResult:
+    """`Plan.run` for torch plans: build, bind (CUDA graph on a GPU), time, check vs ORT (ONNX Runtime
+    and CPU kernels use `threads`, default every usable core)."""
     import torch
-    from tensorplan.errors import TensorplanError
+    from tensorplan.devices import usable_cores
     from tensorplan.ir.reference import rel_error
     from tensorplan.measure.timer import measure
-    from tensorplan.runtime.executor import RunResult, ort_reference
+    threads = int(threads or usable_cores())
     device = plan.kernels[0].schedule.get("device", "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise TensorplanError(f"this plan's kernels were chosen for '{device}', and this machine has no CUDA "

@@ -15,9 +15,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from tensorplan.devices import DeviceSpec, usable_cores
+from tensorplan.ir.graph import Graph
+
 
 @dataclass
 class OpTiming:
+    """ONNX Runtime's time for one operator type, per inference."""
+
     op: str
     count: int
     total_ms: float
@@ -25,21 +30,73 @@ class OpTiming:
 
 
 @dataclass
+class TorchCompileRace:
+    """`torch.compile` of the model's PyTorch module in the same rounds, or why it was not raced."""
+
+    median_ms: float | None = None
+    cov: float | None = None
+    compile_s: float | None = None
+    speedup: float | None = None     # torch.compile's median / the plan's
+    skipped: str | None = None
+
+
+@dataclass
+class DemoKernel:
+    """One kernel of the plan as the report lists it."""
+
+    id: str
+    backend: str
+    kind: str
+    primitives: int
+    predicted_us: float
+    ops: str
+
+
+@dataclass
+class DemoPlan:
+    """The orchestrated plan raced against ONNX Runtime (and torch.compile) on the same inputs."""
+
+    kernels: int
+    primitives: int
+    solver: str
+    predicted_ms: float
+    optimise_s: float
+    backends: dict[str, int]
+    plan_median_ms: float
+    plan_cov: float
+    ort_median_ms: float
+    ort_cov: float
+    speedup_vs_ort: float
+    torch_compile: TorchCompileRace
+    max_rel_error: float
+    agree: bool
+    tolerance: float
+    rounds_ms: dict[str, list[float]]
+    rewrites: dict[str, int]
+    race: dict | None
+    saved: str | None
+    kernel_list: list[DemoKernel] = field(default_factory=list)
+
+
+@dataclass
 class DemoReport:
+    """What `tensorplan demo` shows: the model, this device, reference vs ONNX Runtime, per-operator
+    time and (with `orchestrate`) the plan's race."""
+
     model: str
     nodes: int
     params: int
     gflops: float
     import_s: float
-    device: dict
+    device: DeviceSpec
     ort_median_ms: float
     ort_cov: float
     reference_ms: float
     max_rel_error: float
     agree: bool
-    tolerance: float = 1e-4      # graph.reference.default_tolerance: wider for fp16/bf16 outputs
+    tolerance: float = 1e-4      # ir.reference.default_tolerance: wider for fp16/bf16 outputs
     per_op: list[OpTiming] = field(default_factory=list)
-    plan: dict | None = None  # the orchestrated plan's summary, when `orchestrate=True`
+    plan: DemoPlan | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -4,7 +4,7 @@ Why: the BLP minimises a sum of *solo* kernel timings. Inside a running plan eve
 boundary costs more than solo timings show (thread pools waking, cold caches), so a plan that
 wins on paper can lose on the machine. Before a plan is kept, the BLP's plan, the plan with the
 fewest kernels (the BLP with 1 s per kernel: as few ONNX Runtime sessions as possible), when
-the BLP recomputes, the BLP without recomputation, and (`inductor=True`, CPU plans) the whole
+the BLP recomputes, the BLP without recomputation, and (`race_inductor`, CPU plans) the whole
 primitive graph as one Inductor program run interleaved on the same inputs; a finalist that is
 one ONNX Runtime session or one OpenVINO model also runs on the other backend and at the other
 thread count (`session_backend_variants`, `session_thread_variants`). The winner
@@ -14,13 +14,14 @@ so a smaller lead is not evidence that more kernel boundaries pay.
 """
 from __future__ import annotations
 
-import time
+import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from tensorplan.workflows.orchestrate import make_cost, orchestrate, resolve_device
+from tensorplan.devices import usable_cores
+from tensorplan.ir.graph import Graph
 from tensorplan.runtime.plan import Plan
 
 
@@ -35,7 +36,7 @@ class RaceResult:
     margin: float
     rounds: int
     threads: int
-    seconds: float
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -50,20 +51,6 @@ def pick_finalist(median_s: dict[str, float], kernels: dict[str, int], margin: f
     return min(near, key=lambda k: (kernels[k], median_s[k])), fastest
 
 
-def finalists(model: Any, plan: Plan, cost: Any, **opts) -> dict[str, Plan]:
-    """The BLP's `plan` and its alternatives made from the same costs (cached: no new profiling)."""
-    quiet = {**opts, "progress": False, "log": None}
-    out = {"blp": plan}
-    fewest = orchestrate(model, cost=cost, **{**quiet, "kernel_overhead_s": 1.0})
-    if len(fewest.kernels) != len(plan.kernels):
-        out["fewest-kernels"] = fewest
-    if len(plan.kernels) > 1 and opts.get("recompute", True) and plan.stats.get("recomputed_primitives"):
-        norec = orchestrate(model, cost=cost, **{**quiet, "recompute": False})
-        if len(norec.kernels) > 1 and norec.stats.get("recomputed_primitives") == 0:
-            out["blp-no-recompute"] = norec
-    return out
-
-
 def session_thread_variants(cands: dict[str, Plan], threads: int) -> dict[str, Plan]:
     """`cands` plus, for each finalist that is one ONNX Runtime session, the same session at the other
     thread count (`NAME@Nt`). Why: regions are profiled with spinning off, where one thread often wins
@@ -76,7 +63,7 @@ def session_thread_variants(cands: dict[str, Plan], threads: int) -> dict[str, P
         if len(p.kernels) == 1 and p.kernels[0].backend == "ort":
             cur = int(p.kernels[0].schedule.get("threads", threads))
             other = 1 if cur != 1 else threads
-            v = Plan.from_dict(p.to_dict())
+            v = p.copy()
             v.kernels[0].schedule["threads"] = other
             out[f"{name}@{other}t"] = v
     return out
@@ -102,7 +89,7 @@ def session_backend_variants(cands: dict[str, Plan]) -> dict[str, Plan]:
         for b in REGION_BACKENDS:
             if b == p.kernels[0].backend or (b == "openvino" and not available()):
                 continue
-            v = Plan.from_dict(p.to_dict())
+            v = p.copy()
             k = v.kernels[0]
             keep = {key: k.schedule[key] for key in ("operators", "span") if key in k.schedule}
             # one ORT session is the whole plan: it spins between operators (orchestrate does the same)
@@ -111,25 +98,28 @@ def session_backend_variants(cands: dict[str, Plan]) -> dict[str, Plan]:
     return out
 
 
-def whole_graph_inductor(plan: Plan, prim: Any, threads: int = 2) -> Plan:
-    """The whole (rewritten, fissioned) primitive graph as one Inductor-compiled program on the CPU.
+def whole_graph_inductor(plan: Plan, threads: int | None = None) -> Plan:
+    """The whole (rewritten, fissioned) primitive graph of `plan` as one Inductor-compiled program on
+    the CPU.
 
     Why a finalist: on a CPU, PyTorch's compiler fuses the elementwise tails into its convolution
     and GEMM calls across the whole graph, which no set of separately timed kernels captures; fed
     the rewritten graph (fewer FLOPs than the model as given) it can beat both ONNX Runtime and
     `torch.compile` of the original module. Its predicted time is its own solo median."""
-    from tensorplan.measure.timer import measure, pinned_threads
-    from tensorplan.runtime.plan import PlanKernel, plan_buffers, verify
-    from tensorplan.kernels.torch_kernel import build_kernel, example_inputs
     import torch
+
+    from tensorplan.kernels.torch_kernel import build_kernel, example_inputs
+    from tensorplan.measure.timer import measure, pinned_threads
+    from tensorplan.runtime.buffers import plan_buffers
+    from tensorplan.runtime.plan import PlanKernel, verify
+    prim = plan.primitive_graph()
     nodes = [n.name for n in prim.nodes]
-    with pinned_threads(threads):
+    with pinned_threads(int(threads or usable_cores())):
         k = build_kernel(prim, nodes, list(prim.inputs), list(prim.outputs), device="cpu", compile=True)
         xs = example_inputs(prim, prim.inputs, "cpu")
         with torch.inference_mode():
             solo = measure(lambda: k(*xs), warmup=2, budget_s=0.3).median_s
-    d = plan.to_dict()
-    whole = Plan.from_dict(d)
+    whole = plan.copy()
     whole.kernels = [PlanKernel(id="k0", nodes=nodes, inputs=list(prim.inputs), outputs=list(prim.outputs),
                                 kind="memory" if not any(n.op in ("Conv", "MatMul", "Gemm", "ConvTranspose")
                                                          for n in prim.nodes) else "linear",
@@ -145,57 +135,44 @@ def whole_graph_inductor(plan: Plan, prim: Any, threads: int = 2) -> Plan:
     return whole
 
 
-def orchestrate_raced(model: Any, *, threads: int = 2, rounds: int = 15, margin: float = 0.10,
-                      burst_s: float = 0.03, feeds: dict[str, np.ndarray] | None = None,
-                      race: bool = True, inductor: bool = True, log: Callable[[str], None] | None = None,
-                      **opts) -> tuple[Plan, RaceResult | None]:
-    """`plan.orchestrate(model, **opts)`, then the finalists' race (module docstring).
+def race_plans(plans: dict[str, Plan], prim: Graph, feeds: dict[str, np.ndarray], threads: int | None = None,
+               rounds: int = 7, pause_s: float = 0.05, burst_s: float = 0.0) -> tuple[str, dict[str, float]]:
+    """Run several plans of one model interleaved (random order per round, a pause before each
+    run, as the benchmark does) and return (fastest name, median seconds per plan).
 
-    Returns (kept plan, race result or None when there was only one finalist or `race` is
-    False). The kept plan records the race in `stats["race"]` and its time in `timing["race_s"]`.
-    `feeds` default to `graph.reference.random_feeds` of the plan's primitive graph."""
-    from tensorplan.runtime.executor import race_plans
+    Why: the BLP adds solo kernel timings, and inside a running plan every kernel boundary
+    costs more than solo timings show (thread pools waking, cold caches); a plan that looks
+    cheaper on paper can run slower. Measuring the finalists end to end is the proof."""
+    from tensorplan.measure.timer import interleaved, pinned_threads
+    from tensorplan.runtime.executor import PlanExecutor
+    from tensorplan.runtime.torch_runner import TorchPlanRunner, is_torch_plan
+    threads = int(threads or usable_cores())
+    with pinned_threads(threads):
+        runs = {}
+        for name, p in plans.items():
+            if is_torch_plan(p):
+                r = TorchPlanRunner(p, prim, device=p.kernels[0].schedule["device"], cuda_graph=False)
+                r.bind(feeds)
+                runs[name] = r.replay
+                continue
+            ex = PlanExecutor(p, prim, threads=threads)
+            ex.set_inputs(feeds)
+            runs[name] = ex.run_bound
+        times = interleaved(runs, rounds, pause_s=pause_s, burst_s=burst_s)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    return min(med, key=med.get), med
 
-    cm = make_cost(opts.pop("cost", None), resolve_device(opts.get("device", "local")), opts.pop("store", None))
-    plan = orchestrate(model, cost=cm, log=log, **opts)
-    if not race or not getattr(cm, "races", True):
-        return plan, None
-    t0 = time.perf_counter()
-    cands = session_thread_variants(session_backend_variants(finalists(model, plan, cm, **opts)), threads)
-    if len(cands) == 1 and not inductor:
-        return plan, None
-    prim = plan.primitive_graph()
-    if inductor:
-        try:
-            cands["inductor"] = whole_graph_inductor(plan, prim, threads=threads)
-        except Exception as e:  # noqa: BLE001 - a graph Inductor cannot build is simply no finalist
-            if log:
-                from tensorplan.errors import UnsupportedOperatorError
-                why = (f"{type(e).__name__}: {str(e)[:200]}" if not isinstance(e, UnsupportedOperatorError) else
-                       "no PyTorch rule for " + ", ".join(f"{op} (node '{name}')" for name, op in e.ops[:5]))
-                log(f"race: no Inductor finalist ({why})")
-    if len(cands) == 1:
-        return plan, None
-    if feeds is None:
-        from tensorplan.ir.reference import random_feeds
-        feeds = random_feeds(prim, seed=0)
+
+def run_race(cands: dict[str, Plan], prim: Graph, feeds: dict[str, np.ndarray], *, threads: int | None = None,
+             rounds: int = 15, margin: float = 0.10, burst_s: float = 0.03) -> RaceResult:
+    """Race the finalists end to end and pick the one to keep (`pick_finalist`)."""
+    threads = int(threads or usable_cores())
     _, med = race_plans(cands, prim, feeds, threads=threads, rounds=rounds, burst_s=burst_s)
     n_kernels = {k: len(p.kernels) for k, p in cands.items()}
     chosen, fastest = pick_finalist(med, n_kernels, margin)
-    result = RaceResult(median_s=med, kernels=n_kernels, chosen=chosen, fastest=fastest, margin=margin,
-                        rounds=rounds, threads=threads, seconds=time.perf_counter() - t0)
-    if log:
-        log(f"race: {', '.join(f'{k} {v * 1e3:.3f} ms ({n_kernels[k]} kernels)' for k, v in med.items())}"
-            f" -> {chosen}" + (f" (fewer kernels, within {margin:.0%} of {fastest})" if chosen != fastest else "")
-            + f" ({result.seconds:.1f}s)")
-    kept = cands[chosen]
-    kept.stats["race"] = result.to_dict()
-    # the optimisation time is the BLP's pipeline plus the race (finalists' solves included)
-    kept.timing = {**{k: v for k, v in plan.timing.items() if k != "total_s"}, "race_s": result.seconds,
-                   "total_s": plan.timing.get("total_s", 0.0) + result.seconds}
-    return kept, result
+    return RaceResult(median_s=med, kernels=n_kernels, chosen=chosen, fastest=fastest, margin=margin,
+                      rounds=rounds, threads=threads)
 
 
-__all__ = ["RaceResult", "finalists", "orchestrate_raced", "pick_finalist", "session_backend_variants",
-           "session_thread_variants",
-           "whole_graph_inductor"]
+__all__ = ["RaceResult", "pick_finalist", "race_plans", "run_race", "session_backend_variants",
+           "session_thread_variants", "whole_graph_inductor"]

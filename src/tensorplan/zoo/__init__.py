@@ -5,7 +5,7 @@ ONNX file cached under `cache_dir()/zoo/<name>-opset<N>.onnx`; a JSON sidecar
 holds the cache key (zoo version, model version, torch version), so a code
 change re-exports instead of serving a stale file.
 
-    from tensorplan.ir import zoo
+    from tensorplan import zoo
     zoo.list_models(tag="korch")        # [ZooEntry, ...]
     path = zoo.export("candy", opset=11)
     graph = zoo.load("resnet-50")       # tensorplan Graph
@@ -154,9 +154,11 @@ def export(name: str, opset: int = 17, force: bool = False) -> Path:
 
 def load(name: str, opset: int = 17):
     """The zoo model as a tensorplan `Graph` (exported and cached on first use)."""
-    from tensorplan.ir.onnx_import import import_onnx  # written alongside; imported lazily
+    from tensorplan.ir.onnx_import import import_onnx
 
-    return import_onnx(export(name, opset))
+    graph = import_onnx(export(name, opset), name=name)
+    graph.source = name
+    return graph
 
 
 def numpy_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:

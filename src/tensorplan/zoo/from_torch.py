@@ -133,18 +133,10 @@ def export_spec(spec: str, opset: int = 17) -> Path:
     return _exported(spec, opset)[0]
 
 
-def torch_source(spec: str, opset: int = 17) -> tuple[Any, tuple] | None:
-    """(module, example inputs) behind a model spec when it has one: a PyTorch factory or a zoo
-    model (random weights, as exported); None for an ONNX file. What `demo` compiles with
-    `torch.compile` to race against."""
-    if is_torch_spec(spec):
-        _, module, inputs = _exported(spec, opset)
-        return module, inputs
-    from tensorplan.zoo.specs import _is_path
-    if _is_path(spec):
-        return None
-    from tensorplan import zoo
-    return zoo.build_torch(spec)
+def exported_module(spec: str, opset: int = 17) -> tuple[Any, tuple]:
+    """(module, example inputs) a PyTorch factory returned (the ones its export was made from)."""
+    _, module, inputs = _exported(spec, opset)
+    return module, inputs
 
 
 def _exported(spec: str, opset: int) -> tuple[Path, Any, tuple]:
@@ -163,4 +155,4 @@ def _exported(spec: str, opset: int) -> tuple[Path, Any, tuple]:
     return _EXPORTED[key]
 
 
-__all__ = ["export_spec", "from_torch", "is_torch_spec", "torch_source"]
+__all__ = ["export_spec", "exported_module", "from_torch", "is_torch_spec"]

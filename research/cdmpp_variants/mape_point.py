@@ -9,14 +9,17 @@ is held-out tasks, so it is as large as the error where the model is used. MAPE 
 over-prediction by 200 % and a 3x under-prediction by 67 %, so the shift lowers MAPE and raises
 the median APE. Ranks within a task do not change (one factor for every program). A sum over
 kernels (a whole network's latency) wants the mean, not this point, so `tensorplan predict` keeps
-the plain model; this is the harness's `NAME-mape` (docs/cdmpp.md, "A MAPE-optimal point").
+the plain model; this is the harness's `NAME-mape` (research/notes/cdmpp.md, "A MAPE-optimal point").
 """
 from __future__ import annotations
 
 import numpy as np
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.model import Estimator, WrappedEstimator, as_arrays, estimator_blob, estimator_from_blob, register
+from tensorplan.cdmpp.arrays import as_arrays
+from tensorplan.cdmpp.base import Estimator, estimator_blob, estimator_from_blob
+
+from cdmpp_variants.wrapped import WrappedEstimator
 
 
 def mape_optimal_factor(pred: np.ndarray, true: np.ndarray) -> float:
@@ -50,7 +53,6 @@ def factor_floors(pred: np.ndarray, true: np.ndarray, group: np.ndarray) -> dict
             "per_task_factor_mape_pct": float(100 * np.mean(np.abs(scaled - true) / true))}
 
 
-@register
 class MapePoint(WrappedEstimator):
     """`base` with its predictions scaled by exp(-s^2), s^2 = its validation log-error variance."""
 

@@ -48,22 +48,25 @@ def measured_programs(data: str = DATA, device: str = "h100") -> dict[tuple[str,
             for k, i, s, m in zip(r.task_key, r["index"], r.latency_s, r.mad_rel)}
 
 
-def check(pred: dict, timed: dict) -> dict:
-    """Attach the H100 timing of each predicted kernel's program; summarise the kernels found."""
+def check(pred, timed: dict) -> dict:
+    """Attach the GPU timing of each predicted kernel's program (`pred`: a `NetworkPrediction`);
+    summarise the kernels found."""
     from tensorplan.cdmpp.predict import measured_summary
     ks = []
-    for k in pred["kernels"]:
-        k = dict(k)
-        hit = timed.get((k["key"], k["sample"])) if k.get("sample") is not None else None
+    for k in pred.kernels:
+        hit = timed.get((k.key, k.default.sample)) if k.default.sample is not None else None
         if hit is None:
-            k["measure_error"] = "program not timed on this GPU"
+            k.default.measure_error = "program not timed on this GPU"
         else:
-            k["measured_us"], k["stable"] = hit["us"], hit["stable"]
-        ks.append(k)
-    s = measured_summary(ks)
+            k.default.measured_s = 1e-6 * hit["us"]
+        d = k.to_dict()
+        if hit is not None:
+            d["measured_us"], d["stable"] = hit["us"], hit["stable"]
+        ks.append(d)
+    s = measured_summary(pred.kernels).to_dict()
     s["kernels"] = len(ks)
     s["whole_network"] = s["kernels_measured"] == len(ks)
-    s["predicted_ms_all"] = pred["total_ms"]
+    s["predicted_ms_all"] = 1e3 * pred.total_s
     return {"summary": s, "kernels": ks}
 
 
@@ -90,7 +93,7 @@ def run(networks: list[str], holdout: bool, members: int, max_time: float, out: 
     import torch
 
     from tensorplan.cdmpp.evaluate import machine_info
-    from tensorplan.cdmpp.predict import predict_network
+    from tensorplan.cdmpp.predict import predict
     torch.set_num_threads(2)
     timed = measured_programs(device=device)
     done = _done(out)
@@ -102,9 +105,9 @@ def run(networks: list[str], holdout: bool, members: int, max_time: float, out: 
             weights, train_info = None, None
             if who == "held-out":
                 weights, train_info = holdout_model(net, members, max_time)
-            pred = predict_network(net, device=device, weights=weights)
+            pred = predict(net, device=device, weights=weights)
             res = check(pred, timed)
-            rec = {"network": net, "predictor": who, "device": device, "weights": weights or pred["weights"],
+            rec = {"network": net, "predictor": who, "device": device, "weights": weights or pred.weights,
                    "train": train_info, **res, "cpu": machine_info().get("cpu", ""),
                    "loadavg": list(os.getloadavg()), "wall_s": time.time() - t0, "created": time.time()}
             with out.open("a") as f:

@@ -1,7 +1,7 @@
 """Leaf-count experts: one model for every program, plus a copy fine-tuned on each common leaf count.
 
 CDMPP's released scripts train one model per leaf count (5 by default, the others fine-tuned from
-it). Measured here (docs/cdmpp.md), a model trained on 5-leaf programs alone predicts them far
+it). Measured here (research/notes/cdmpp.md), a model trained on 5-leaf programs alone predicts them far
 better than one trained on every program, so this keeps the one padded model for all counts (it
 covers rare counts and unseen ones) and fine-tunes a copy of it, every weight, on each count with
 at least `min_records` training programs. A program is predicted by the expert of its leaf count.
@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.model import CDMPP, Estimator, as_arrays, estimator_blob, estimator_from_blob, register
+from tensorplan.cdmpp.arrays import as_arrays
+from tensorplan.cdmpp.base import Estimator, estimator_blob, estimator_from_blob
+from tensorplan.cdmpp.model import CDMPP
 
 
 def _log_err(pred: np.ndarray, true: np.ndarray) -> float:
@@ -24,7 +26,6 @@ def _log_err(pred: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.abs(np.log(np.maximum(pred, 1e-12) / true))))
 
 
-@register
 class LeafExperts(Estimator):
     """`base` (a CDMPP) for every program, experts (fine-tuned copies) for common leaf counts."""
 

@@ -61,7 +61,7 @@ def run(networks: list[str], out: Path, calibrated: Path | None, data=None, devi
     """Per network not yet in the JSONL for this host: measure every kernel once, predict it with the
     shipped model and (if given) the model calibrated here, so both face the same measurements."""
     from tensorplan.devices.detect import cpu_info, machine_info
-    from tensorplan.cdmpp.predict import predict_network
+    from tensorplan.cdmpp.predict import predict
 
     host = cpu_info()["model"]
     done = _done(out)
@@ -70,14 +70,15 @@ def run(networks: list[str], out: Path, calibrated: Path | None, data=None, devi
         if (net, host) in done:
             print(f"{net}: done on {host}")
             continue
-        r = predict_network(net, device=device, measure=True, progress=True, calibrated=False)
+        p = predict(net, device=device, measure=True, progress=True, calibrated=False)
+        r = p.to_dict()
         if calibrated is not None:
-            rc = predict_network(net, device=device, weights=calibrated, calibrated=False)
-            for k, kc in zip(r["kernels"], rc["kernels"]):
-                assert k["key"] == kc["key"]
-                k["calibrated_us"] = kc["predicted_us"]
+            pc = predict(net, device=device, weights=calibrated, calibrated=False)
+            for k, kc in zip(r["kernels"], pc.kernels):
+                assert k["key"] == kc.key
+                k["calibrated_us"] = 1e6 * kc.predicted_s
         if labels is None:
-            labels, seen = _collection_labels(data, r["measured"]["threads"])
+            labels, seen = _collection_labels(data, p.measured.threads)
         for k in r["kernels"]:
             lab = labels.get((k["key"], k["sample"])) if k["sample"] is not None else None
             k["dataset_us"] = 1e6 * lab if lab else None
@@ -86,8 +87,8 @@ def run(networks: list[str], out: Path, calibrated: Path | None, data=None, devi
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a") as f:
             f.write(json.dumps(r) + "\n")
-        print(f"{net}: measured {r['measured']['measured_ms']:.2f} ms, shipped predicts "
-              f"{r['measured']['predicted_ms']:.2f} ms", flush=True)
+        print(f"{net}: measured {p.measured.measured_s * 1e3:.2f} ms, shipped predicts "
+              f"{p.measured.predicted_s * 1e3:.2f} ms", flush=True)
 
 
 def _errors(pred: np.ndarray, meas: np.ndarray, calls: np.ndarray) -> dict:
@@ -208,17 +209,16 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
     weights = None
     if calibrate:
         from tensorplan.paths import cache_dir
-        from tensorplan.cdmpp.model import resolve_domain
         from tensorplan.cdmpp.local_calibration import calibrate_here, host_id
         from tensorplan.cdmpp.predict import local_threads
 
         weights = cache_dir() / "bench" / f"cdmpp-calibrated-heldout-{host_id()}.pt"
         if not weights.exists():
             # MAD <= 1 %: the dataset's own filter (the published run kept 42 of 160 programs with it)
-            info = calibrate_here(local_threads(resolve_domain(device)), exclude_networks=nets, out=weights,
+            info = calibrate_here(local_threads(device), exclude_networks=nets, out=weights,
                                   max_mad=0.01, force=True, log=print)   # checked either way; the JSON says
                                                                          # whether `calibrate` would install it
-            out.with_name(f"{out.stem}_calibration_{host_id()}.json").write_text(json.dumps(info, indent=1))
+            out.with_name(f"{out.stem}_calibration_{host_id()}.json").write_text(json.dumps(info.to_dict(), indent=1))
     run(nets, out, weights, device=device)
 
 

@@ -47,7 +47,7 @@ def run(networks: list[str], tuned: int, device: str, out: Path, weights: Path |
     shipped model), time the default schedules and the picks."""
     from tensorplan.devices.detect import cpu_info, machine_info
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.predict import predict_network
+    from tensorplan.cdmpp.predict import predict
 
     host = cpu_info()["model"]
     done = _done(out)
@@ -56,8 +56,8 @@ def run(networks: list[str], tuned: int, device: str, out: Path, weights: Path |
         if (net, host, tuned, label) in done:
             print(f"{net}: done on {host}")
             continue
-        r = predict_network(net, device=device, weights=weights, measure=True, progress=True, calibrated=False,
-                            tuned=tuned)
+        r = predict(net, device=device, weights=weights, measure=True, progress=True, calibrated=False,
+                    tuned=tuned).to_dict()
         r.update(host=host, seen_in_dataset=net in seen, machine=machine_info(), label=label)
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a") as f:
@@ -97,7 +97,7 @@ def oracle(networks: list[str], tuned: int, threads: int, out: Path) -> None:
         with progress_bar(f"{net}: time every candidate", len(tasks), True) as advance:
             for t in tasks:
                 times = {}
-                for mod, i in task_schedules(t, None, tuned, 8 + 4 * tuned):   # as predict_network draws them
+                for mod, i in task_schedules(t, None, tuned, 8 + 4 * tuned):   # as `predict` draws them
                     r = time_module(mod, t, target, [threads], **MEASURE_TIMER)
                     if not isinstance(r, str):
                         times[str(i)] = 1e6 * r[threads].median_s
@@ -180,8 +180,7 @@ def main(models: str = typer.Option(",".join(NETWORKS), help="Comma-separated zo
     """The model's picks among each kernel's first N schedules, timed against the default schedules."""
     if with_oracle:
         from tensorplan.cdmpp.predict import local_threads
-        from tensorplan.cdmpp.model import resolve_domain
-        oracle([m for m in models.split(",") if m], tuned, local_threads(resolve_domain(device)),
+        oracle([m for m in models.split(",") if m], tuned, local_threads(device),
                out.with_name(ORACLE.name))
         return
     if summary:

@@ -48,7 +48,7 @@ def one(ds, est, dom: str, seed: int, n_tasks: int, per_task: int) -> dict:
     def make() -> Calibrated:
         return Calibrated(est, source=source, seed=seed, source_features=src)
 
-    check = held_out_check(make, samples, est.predict(samples))
+    check = held_out_check(make, samples, est.predict(samples)).to_dict()
     cal = make().fit(samples)
     test = arr.subset(np.flatnonzero(~np.isin(arr.task_key, tasks)))
     here, calibrated = est.predict(test), cal.predict(test)

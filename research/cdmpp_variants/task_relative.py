@@ -1,7 +1,7 @@
 """Trees that space an unseen kernel's schedules relative to each other (`NAME-rel`).
 
 Why: on unseen networks `xgboost-deep` is about 30 % off even after a perfect factor per kernel
-(docs/cdmpp.md, "Scale or shape"): the error is in how a kernel's schedules are spaced, not its
+(research/notes/cdmpp.md, "Scale or shape"): the error is in how a kernel's schedules are spaced, not its
 scale. Absolute per-store features mix the two. A second booster learns only the spacing: its
 target is log latency minus the mean over the task's programs on that device, its inputs are the
 base's features plus their deviation from the same mean. Predictions keep the base's scale and
@@ -12,7 +12,7 @@ The deviation is taken over the programs passed to one `predict` call, per task 
 task given with its candidate schedules (a tuner's batch, a dataset split) gets the relative
 model's spacing; a program given alone gets exactly the base's prediction. So does a program the
 trees were trained on (on any device): they nearly memorise it, and the spacing booster only
-helps where they have not seen the program (`bench/cdmpp_val_overlap.py`). The base's scale (the
+helps where they have not seen the program (`research/cdmpp/cdmpp_val_overlap.py`). The base's scale (the
 task's log mean) is kept exactly where a task's programs are all unseen, as on unseen networks.
 """
 from __future__ import annotations
@@ -20,8 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 from tensorplan.errors import TensorplanError
+from tensorplan.cdmpp.arrays import ProgramArrays, as_arrays
+from tensorplan.cdmpp.base import estimator_blob, estimator_from_blob
 from tensorplan.cdmpp.baselines import TenSetXGB
-from tensorplan.cdmpp.model import ProgramArrays, WrappedEstimator, as_arrays, estimator_blob, estimator_from_blob, register
+
+from cdmpp_variants.wrapped import WrappedEstimator
 
 MIX_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_MIX = 0.5       # without a validation split: the best on both held-out-network draws tried
@@ -45,7 +48,6 @@ def _group_mean(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     return group_means(x, g)[g]
 
 
-@register
 class TaskRelative(WrappedEstimator):
     """A `TenSetXGB` base plus a booster of the same settings fitted on within-task deviations."""
 

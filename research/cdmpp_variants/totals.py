@@ -8,8 +8,8 @@ mean of measured / predicted. Duan's smearing estimator (1983) turns a log-space
 mean by that factor, measured on held-out records.
 
 `mean_factor` is that mean, winsorised at the 1st / 99th percentile so a handful of many-fold misses
-do not set it. The harness measures it on its validation tasks and scores each network's total both
-ways (`evaluate._network_errors`). Measured (docs/cdmpp.md, *Network totals*): the factor is 0.99-1.32
+do not set it. The variant harness measures it on its validation tasks and scores each network's
+total both ways (`add_expected_totals`, `harness.VariantHarness`). Measured (research/notes/cdmpp.md, *Network totals*): the factor is 0.99-1.32
 per fold, but leaving each network out it does not bring totals closer (CDMPP's mean total error
 22.2 -> 26.5 %, the trees' 20.4 -> 26.5 %): a network's total is off by a bias of its own (0.7-1.6x over
 networks above 1 ms), not by the median-to-mean gap. So `tensorplan predict` sums the kernels'
@@ -34,3 +34,16 @@ def mean_factor(pred_s, measured_s, trim: float = 0.01) -> float:
     r = y[ok] / p[ok]
     lo, hi = np.quantile(r, [trim, 1 - trim])
     return float(np.clip(r, lo, hi).mean())
+
+
+def add_expected_totals(network_latency: dict, factor: float) -> dict:
+    """Add to each entry of `evaluate._network_errors`' result the expected total, predicted_ms *
+    `factor`, and its error (expected_ms, expected_ape_pct; per pick "_mean_expected_ape_pct")."""
+    for entries in network_latency.values():
+        nets = [e for k, e in entries.items() if not k.startswith("_")]
+        for e in nets:
+            exp = e["predicted_ms"] * factor
+            e["expected_ms"], e["expected_ape_pct"] = exp, 100 * abs(exp - e["measured_ms"]) / e["measured_ms"]
+        if nets:
+            entries["_mean_expected_ape_pct"] = float(np.mean([e["expected_ape_pct"] for e in nets]))
+    return network_latency
