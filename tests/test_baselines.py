@@ -9,8 +9,11 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.cdmpp.baselines import RooflineLinear, TenSetMLP, TenSetXGB, TLPModel, _trace_steps, program_bytes, store_stat_features, summed_features
-from tensorplan.cdmpp.model import CDMPP, Estimator, as_arrays, load_estimator  # noqa: E402
+from tensorplan.cdmpp.analytic import program_bytes  # noqa: E402
+from tensorplan.cdmpp.arrays import as_arrays  # noqa: E402
+from tensorplan.cdmpp.base import Estimator, load_estimator  # noqa: E402
+from tensorplan.cdmpp.baselines import RooflineLinear, TenSetMLP, TenSetXGB, TLPModel, _trace_steps, store_stat_features, summed_features  # noqa: E402
+from tensorplan.cdmpp.model import CDMPP  # noqa: E402
 from tensorplan.cdmpp.tasks import TASK_IO_DIM  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
@@ -59,6 +62,38 @@ def test_load_rejects_wrong_files(tmp_path):
         load_estimator(bad)
     with pytest.raises(TensorplanError, match="does not exist"):
         load_estimator(tmp_path / "missing.pt")
+
+
+def test_every_estimator_registers_where_it_is_defined_and_loads_by_its_module(cdmpp_small, tmp_path):
+    """Subclassing registers a model under its class name; a saved file names its defining module,
+    so loading in a fresh process imports it; a file without one (the shipped weights) is found
+    through `base._DEFINED_IN`, which names every estimator of the package; a module outside
+    tensorplan is never imported."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from tensorplan.cdmpp import base, calibrate, ensemble  # noqa: F401  (every estimator module)
+
+    ours = {n: k for n, k in base._REGISTRY.items() if k.__module__.startswith("tensorplan.")}
+    assert {n: k.__module__ for n, k in ours.items()} == base._DEFINED_IN
+    path = RooflineLinear().fit(as_arrays(cdmpp_small["train"])).save(tmp_path / "rf.pt")
+    assert torch.load(path, weights_only=False)["module"] == "tensorplan.cdmpp.baselines"
+    code = ("import sys; from tensorplan.cdmpp.base import load_estimator; m = load_estimator(sys.argv[1]); "
+            "assert 'tensorplan.cdmpp.evaluate' not in sys.modules; print(type(m).__name__)")
+    for blob_module in ("tensorplan.cdmpp.baselines", None):
+        blob = torch.load(path, weights_only=False)
+        if blob_module is None:
+            del blob["module"]              # as in files saved before the module was recorded
+        torch.save(blob, path)
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "RooflineLinear"
+    blob = torch.load(path, weights_only=False)
+    blob["class"], blob["module"] = "Elsewhere", "os"
+    torch.save(blob, path)
+    with pytest.raises(TensorplanError, match="unknown model class Elsewhere .defined in os"):
+        load_estimator(path)
 
 
 def test_feature_helpers(cdmpp_small):
@@ -142,7 +177,7 @@ def test_xgboost_hierarchy_options(cdmpp_small, tmp_path):
     the training split and kept through save/load."""
     import xgboost as xgb
 
-    from tensorplan.cdmpp.model import fit_cache_ratio, hierarchy_parts, hierarchy_seconds
+    from tensorplan.cdmpp.analytic import fit_cache_ratio, hierarchy_parts, hierarchy_seconds
 
     tr, te = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
     m = TenSetXGB(n_rounds=60, parts=True, base="hierarchy").fit(tr)
@@ -164,14 +199,11 @@ def test_xgboost_hierarchy_options(cdmpp_small, tmp_path):
 
 def test_xgboost_deep_reads_max_and_last_store_rows(cdmpp_small, tmp_path):
     """stats=("sum","max","last") adds, per program, the element-wise max over its stores and its
-    last store's row (the output store) after the sums; `xgboost-deep` is xgboost-hier with them,
-    and the option survives save/load."""
-    from tensorplan.cdmpp.evaluate import make_model
-
+    last store's row (the output store) after the sums, and the option survives save/load."""
     te = as_arrays(cdmpp_small["test"])
     plain = TenSetXGB(n_rounds=20, parts=True, base="hierarchy").fit(as_arrays(cdmpp_small["train"]))
-    m = make_model("xgboost-deep", quick=True).fit(as_arrays(cdmpp_small["train"]))
-    assert m.stats == ("sum", "max", "last") and m.max_depth == 8
+    m = TenSetXGB(n_rounds=20, parts=True, base="hierarchy", stats=("sum", "max", "last"),
+                  max_depth=8).fit(as_arrays(cdmpp_small["train"]))
     X, n_sum = m._features(te), summed_features(te).shape[1]
     multi = int(np.flatnonzero(te.n_leaves > 1)[0])       # a program with several stores
     a, b = te.offsets[multi], te.offsets[multi + 1]
@@ -218,13 +250,13 @@ def test_train_a_hierarchy_xgboost_and_predict_a_network_with_it(cdmpp_small, tm
 
     from tensorplan.cli import app
     from tensorplan.cdmpp.model import train
-    from tensorplan.cdmpp.predict import predict_network
+    from tensorplan.cdmpp.predict import predict
 
     model, info = train(cdmpp_small["ds"], out=tmp_path / "xh.pt", max_cov=0.25,
                         make=lambda s: TenSetXGB(n_rounds=40, parts=True, base="hierarchy", seed=s))
     assert info["model"] == "TenSetXGB" and info["val"]["n"] > 0 and info["train_time_s"] > 0
     assert model.domains_ == ["local-1t", "local-2t"] and model.cache_ratio is not None
-    r = predict_network("tiny-mlp", device="local-1t", weights=tmp_path / "xh.pt")
+    r = predict("tiny-mlp", device="local-1t", weights=tmp_path / "xh.pt").to_dict()
     assert r["predictor"] == "TenSetXGB" and r["n_kernels"] >= 3
     assert all(k["predicted_us"] > 0 for k in r["kernels"])
     out = CliRunner().invoke(app, ["predictor", "train", "--model", "nothing-like-it", "--out", str(tmp_path / "x.pt")])

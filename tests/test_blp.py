@@ -7,37 +7,27 @@ import math
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
+from conftest import FixedDevice, prim_graph
 from tensorplan.errors import PlanError
 from tensorplan.korch.fission import fission
-from tensorplan.ir.onnx_import import import_onnx
 from tensorplan.korch.blp import check_selection, greedy_fusion, no_fusion, recomputed_primitives, solve_blp
 from tensorplan.korch.candidates import enumerate_candidates
-
-
-def _prim(nodes, inputs, outputs, inits=None):
-    g = helper.make_graph(
-        nodes, "t", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
-    return fission(import_onnx(m)).graph
 
 
 def diamond():
     """a=Relu(x); b=Exp(a); c=Neg(a); d=Add(b,c); e=MatMul(d,W); y=Tanh(e)+a-ish: 7 primitives."""
     n = helper.make_node
     W = np.eye(4, dtype=np.float32)
-    return _prim([n("Relu", ["x"], ["a"]), n("Exp", ["a"], ["b"]), n("Neg", ["a"], ["c"]),
+    return prim_graph([n("Relu", ["x"], ["a"]), n("Exp", ["a"], ["b"]), n("Neg", ["a"], ["c"]),
                   n("Add", ["b", "c"], ["d"]), n("MatMul", ["d", "W"], ["e"]), n("Tanh", ["e"], ["f"]),
                   n("Mul", ["f", "c"], ["y"])], {"x": (2, 4)}, ["y"], {"W": W})
 
 
 def two_outputs():
     n = helper.make_node
-    return _prim([n("Relu", ["x"], ["a"]), n("Exp", ["a"], ["b"]), n("Neg", ["a"], ["c"])],
+    return prim_graph([n("Relu", ["x"], ["a"]), n("Exp", ["a"], ["b"]), n("Neg", ["a"], ["c"])],
                  {"x": (2, 4)}, ["b", "c"])
 
 
@@ -115,13 +105,9 @@ def test_baselines_are_valid_and_never_beat_the_blp():
 def test_zoo_instance_cuts_keep_the_optimum():
     zoo = pytest.importorskip("tensorplan.zoo")
     from tensorplan.cost import AnalyticalCost, cost_many
-    from tensorplan.devices.spec import DeviceSpec  # noqa: F401  (the interface AnalyticalCost reads)
-
-    class Dev:  # a fixed device so the test does not depend on this machine's measurement
-        name, kind, peak_fp32_gflops, mem_bw_gbs = "fixed", "cpu", 100.0, 20.0
     prim = fission(zoo.load("tiny-attention")).graph
     cands = enumerate_candidates(prim, max_nodes=8)
-    costs = cost_many(AnalyticalCost(Dev()), prim, cands)
+    costs = cost_many(AnalyticalCost(FixedDevice()), prim, cands)
     a = solve_blp(prim, cands, costs, cuts=True)
     b = solve_blp(prim, cands, costs, cuts=False)
     assert a.objective_s == pytest.approx(b.objective_s, rel=1e-6)

@@ -9,7 +9,9 @@ pytest.importorskip("xgboost")
 from tensorplan.errors import TensorplanError  # noqa: E402
 from tensorplan.cdmpp.baselines import TenSetXGB  # noqa: E402
 from tensorplan.cdmpp.calibrate import Calibrated, correction_inputs  # noqa: E402
-from tensorplan.cdmpp.model import as_arrays, load_estimator, regression_metrics  # noqa: E402
+from tensorplan.cdmpp.arrays import as_arrays  # noqa: E402
+from tensorplan.cdmpp.base import load_estimator  # noqa: E402
+from tensorplan.cdmpp.metrics import regression_metrics  # noqa: E402
 from tensorplan.cdmpp.finetune import few_shot_split  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
@@ -78,11 +80,12 @@ def test_finetune_calibrate_then_predict_with_it(cdmpp_small, tmp_path):
 
 @pytest.mark.parametrize("domain,installs", [("local-1t", False), ("gpuhost-1t", True)])
 def test_held_out_check_declines_on_a_learnt_cpu_and_installs_on_a_new_one(domain, installs):
-    """`calibrate`'s guard, replayed on the dataset's records (bench/cdmpp_calibration_guard.py):
+    """`calibrate`'s guard, replayed on the dataset's records (research/cdmpp/cdmpp_calibration_guard.py):
     on the collection CPU, which the shipped model learnt, the correction loses on tasks it was not
     fitted on (it made the predict check worse there); on the 16-core Xeon it never learnt, it wins.
     Either way the decision matches what the correction does to every other task of the domain."""
-    from tensorplan.cdmpp.model import device_features, load_shipped
+    from tensorplan.cdmpp.arrays import device_features
+    from tensorplan.cdmpp.model import load_shipped
     from tensorplan.cdmpp.dataset import load_dataset
     from tensorplan.cdmpp.finetune import programs_of_tasks, select_tasks_kmeans
     from tensorplan.cdmpp.local_calibration import held_out_check

@@ -6,22 +6,12 @@ import itertools
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
+from conftest import prim_graph
 from tensorplan.korch.fission import category, fission
-from tensorplan.ir.onnx_import import import_onnx
 from tensorplan.ir.reference import random_feeds, rel_error, run_reference
 from tensorplan.korch.candidates import EnumerationStats, canonical_hash, enumerate_candidates
-
-
-def _prim(nodes, inputs, outputs, inits=None, opset=17):
-    g = helper.make_graph(
-        nodes, "t", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 9
-    return fission(import_onnx(m)).graph
 
 
 def branchy():
@@ -32,7 +22,7 @@ def branchy():
              n("Neg", ["c"], ["c2"]), n("Add", ["b", "c2"], ["d"]), n("MatMul", ["d", "W"], ["e"]),
              n("Tanh", ["e"], ["f"]), n("Mul", ["f", "d"], ["g"]), n("ReduceSum", ["g", "ax"], ["h"]),
              n("Sub", ["g", "h"], ["i"]), n("Abs", ["i"], ["j"]), n("Add", ["j", "a"], ["y"])]
-    return _prim(nodes, {"x": (4, 8)}, ["y"], {"W": W, "ax": np.array([1], np.int64)})
+    return prim_graph(nodes, {"x": (4, 8)}, ["y"], {"W": W, "ax": np.array([1], np.int64)})
 
 
 def _succ(prim):
@@ -120,7 +110,7 @@ def test_regions_split_at_linear_primitives():
     assert len(mm) == 1 and mm[0].region == -1
     n = helper.make_node
     W = np.ones((8, 8), np.float32)
-    chain = _prim([n("Relu", ["x"], ["a"]), n("MatMul", ["a", "W"], ["b"]), n("Tanh", ["b"], ["c"]),
+    chain = prim_graph([n("Relu", ["x"], ["a"]), n("MatMul", ["a", "W"], ["b"]), n("Tanh", ["b"], ["c"]),
                    n("MatMul", ["c", "W"], ["d"]), n("Exp", ["d"], ["y"])], {"x": (2, 8)}, ["y"], {"W": W})
     st = EnumerationStats()
     cands = enumerate_candidates(chain, stats=st)
@@ -146,7 +136,7 @@ def test_identical_blocks_share_a_hash():
     inits = {f"{p}{k}": r.standard_normal(16).astype(np.float32) for p in "sb" for k in "12"}
     nodes = [n("LayerNormalization", ["x", "s1", "b1"], ["l1"], axis=-1), n("Relu", ["l1"], ["r1"]),
              n("LayerNormalization", ["r1", "s2", "b2"], ["l2"], axis=-1), n("Relu", ["l2"], ["y"])]
-    prim = _prim(nodes, {"x": (2, 16)}, ["y"], inits)
+    prim = prim_graph(nodes, {"x": (2, 16)}, ["y"], inits)
     half = len(prim.nodes) // 2
     first, second = [x.name for x in prim.nodes[:half]], [x.name for x in prim.nodes[half:]]
     assert canonical_hash(prim, first) == canonical_hash(prim, second)
@@ -156,16 +146,16 @@ def test_identical_blocks_share_a_hash():
         st.setdefault(c.canonical_hash, []).append(c)
     assert len(st) < len(cands)  # sharing happens
     # and the hash tells different shapes apart
-    prim2 = _prim(nodes, {"x": (3, 16)}, ["y"], inits)
+    prim2 = prim_graph(nodes, {"x": (3, 16)}, ["y"], inits)
     assert canonical_hash(prim2, [x.name for x in prim2.nodes[:half]]) != canonical_hash(prim, first)
 
 
 def test_hash_distinguishes_attributes_and_small_constants():
     n = helper.make_node
-    a = _prim([n("ReduceSum", ["x", "ax"], ["y"])], {"x": (4, 5)}, ["y"], {"ax": np.array([0], np.int64)})
-    b = _prim([n("ReduceSum", ["x", "ax"], ["y"])], {"x": (4, 5)}, ["y"], {"ax": np.array([1], np.int64)})
-    c = _prim([n("LeakyRelu", ["x"], ["y"], alpha=0.1)], {"x": (4, 5)}, ["y"])
-    d = _prim([n("LeakyRelu", ["x"], ["y"], alpha=0.2)], {"x": (4, 5)}, ["y"])
+    a = prim_graph([n("ReduceSum", ["x", "ax"], ["y"])], {"x": (4, 5)}, ["y"], {"ax": np.array([0], np.int64)})
+    b = prim_graph([n("ReduceSum", ["x", "ax"], ["y"])], {"x": (4, 5)}, ["y"], {"ax": np.array([1], np.int64)})
+    c = prim_graph([n("LeakyRelu", ["x"], ["y"], alpha=0.1)], {"x": (4, 5)}, ["y"])
+    d = prim_graph([n("LeakyRelu", ["x"], ["y"], alpha=0.2)], {"x": (4, 5)}, ["y"])
     h = lambda p: canonical_hash(p, [x.name for x in p.nodes])  # noqa: E731
     assert h(a) != h(b) and h(c) != h(d)
 

@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.cdmpp.model import CDMPP, FeatureScaler, ProgramArrays, TargetTransform, as_arrays, cmd
+from tensorplan.cdmpp.arrays import FeatureScaler, ProgramArrays, as_arrays  # noqa: E402
+from tensorplan.cdmpp.model import CDMPP, TargetTransform, cmd  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 
@@ -168,7 +169,7 @@ def test_cdmpp_cost_for_planner(small, base):
     from tensorplan import zoo
     from tensorplan.korch.fission import fission
     from tensorplan.korch.candidates import enumerate_candidates
-    from tensorplan.cdmpp.model import CDMPPCost
+    from tensorplan.cost.predicted import CDMPPCost
 
     m = CDMPP(epochs=2, batch_size=64, seed=0, base=base).fit(as_arrays(small["train"]))
     prim = fission(zoo.load("tiny-mlp")).graph
@@ -196,7 +197,7 @@ def test_weights_from_another_network_shape_fail_clearly(small, tmp_path):
 
 def test_roofline_seconds_takes_the_larger_byte_count(small):
     """The bound uses the task's buffer sizes where region analysis under-reports the bytes."""
-    from tensorplan.cdmpp.model import device_peak_bw, program_bytes, roofline_seconds
+    from tensorplan.cdmpp.analytic import device_peak_bw, program_bytes, roofline_seconds
 
     arr = as_arrays(small["train"])
     assert arr.task_io is not None and arr.flops is not None
@@ -215,7 +216,8 @@ def test_roofline_seconds_takes_the_larger_byte_count(small):
 def test_roofline_base_predicts_an_efficiency_factor(small, tmp_path):
     """base="roofline": the net's output times the program's bound on its device is the prediction;
     the option survives save/load and bad values fail clearly."""
-    from tensorplan.cdmpp.model import load_estimator, roofline_seconds
+    from tensorplan.cdmpp.analytic import roofline_seconds
+    from tensorplan.cdmpp.base import load_estimator
 
     tr, te = as_arrays(small["train"]), as_arrays(small["test"])
     m = CDMPP(epochs=30, batch_size=64, seed=0, base="roofline").fit(tr)
@@ -243,7 +245,7 @@ def test_task_io_input_needs_the_task_sizes(small):
 def test_footprint_counts_a_slice_without_reuse_whole():
     """EfficientViT's strided_slice -> pad kernel writes 1.1 MB; Ansor's unique_bytes sees ~1 KB of it
     (taken at the innermost loop for an access without reuse), the footprint sees all of it."""
-    from tensorplan.cdmpp.model import program_bytes, program_footprint_traffic
+    from tensorplan.cdmpp.analytic import program_bytes, program_footprint_traffic
     from tensorplan.cdmpp.dataset import load_dataset, replay_trace, task_module
     from tensorplan.cdmpp.features import compact_ast
 
@@ -265,7 +267,8 @@ def test_footprint_counts_a_slice_without_reuse_whole():
 def test_hierarchy_base_fits_its_cache_ratio_on_training_data(small, tmp_path):
     """base="hierarchy": the target is latency / (compute + footprint + traffic / ratio), with the
     ratio fitted on the training records; it survives save/load."""
-    from tensorplan.cdmpp.model import fit_cache_ratio, hierarchy_parts, hierarchy_seconds, load_estimator
+    from tensorplan.cdmpp.analytic import fit_cache_ratio, hierarchy_parts, hierarchy_seconds
+    from tensorplan.cdmpp.base import load_estimator
 
     tr, te = as_arrays(small["train"]), as_arrays(small["test"])
     parts = hierarchy_parts(tr)
@@ -287,7 +290,7 @@ def test_hierarchy_estimate_tracks_latency_across_tasks_better_than_the_roofline
     """On all stable records of the collection CPU (one thread), per-task log(latency / estimate)
     spreads less with the fitted hierarchy estimate than with the roofline bound, and far less than
     the latency itself: what makes it a better base for a relative target."""
-    from tensorplan.cdmpp.model import TaskSpread, fit_cache_ratio, hierarchy_parts, hierarchy_seconds, roofline_seconds
+    from tensorplan.cdmpp.analytic import TaskSpread, fit_cache_ratio, hierarchy_parts, hierarchy_seconds, roofline_seconds
     from tensorplan.cdmpp.dataset import load_dataset
 
     ds = load_dataset(None).only_devices(["local-1t"]).filter_stable(0.01, metric="mad")
@@ -304,7 +307,7 @@ def test_hierarchy_estimate_tracks_latency_across_tasks_better_than_the_roofline
 def test_loading_a_file_that_is_not_a_model_is_one_clear_error(tmp_path):
     import torch
 
-    from tensorplan.cdmpp.model import load_estimator
+    from tensorplan.cdmpp.base import load_estimator
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"junk" * 100)
     with pytest.raises(TensorplanError, match="junk.pt' is not a readable tensorplan model file.*tensorplan predictor train"):
@@ -320,7 +323,8 @@ def test_loading_a_file_that_is_not_a_model_is_one_clear_error(tmp_path):
 def test_parts_input_feeds_standardised_log_hierarchy_parts(small, tmp_path):
     """parts_input=True: the net reads the program's log compute / footprint / traffic seconds,
     standardised with the training split's mean and std, and the normaliser survives save/load."""
-    from tensorplan.cdmpp.model import hierarchy_parts, load_estimator
+    from tensorplan.cdmpp.analytic import hierarchy_parts
+    from tensorplan.cdmpp.base import load_estimator
 
     tr, te = as_arrays(small["train"]), as_arrays(small["test"])
     m = CDMPP(epochs=10, batch_size=64, seed=0, parts_input=True).fit(tr)
@@ -366,7 +370,7 @@ def test_rank_loss_orders_schedules_within_a_task_only(small):
     """The pairwise term is small when each task's schedules are predicted in their measured order,
     large when reversed, blind to pairs across tasks and to near-ties; and training on it alone
     raises the within-task rank correlation on real measured programs."""
-    from tensorplan.cdmpp.model import within_task_spearman
+    from tensorplan.cdmpp.metrics import within_task_spearman
 
     arr = as_arrays(small["train"])
     m = CDMPP(epochs=1, batch_size=64, seed=0, w_rank=1.0).fit(arr)
@@ -403,7 +407,7 @@ def test_rank_loss_orders_schedules_within_a_task_only(small):
 
 
 def test_fit_with_rank_term_trains_saves_and_loads(small, tmp_path):
-    from tensorplan.cdmpp.model import load_estimator
+    from tensorplan.cdmpp.base import load_estimator
 
     tr, te = as_arrays(small["train"]), as_arrays(small["test"])
     m = CDMPP(epochs=3, batch_size=64, seed=0, w_rank=0.5, rank_group=4).fit(tr)

@@ -301,7 +301,7 @@ def test_measure_device_merges_a_new_domain(tmp_path):
     recorded spec; the run resumes; merging twice does not duplicate; features come from the record."""
     import shutil
     from tensorplan.devices.spec import DeviceSpec
-    from tensorplan.cdmpp.model import as_arrays, device_features
+    from tensorplan.cdmpp.arrays import as_arrays, device_features
     src = D.default_data_dir()
     if not (src / "records.parquet").exists():
         pytest.skip("committed dataset not available")

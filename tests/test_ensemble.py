@@ -10,10 +10,11 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
+from tensorplan.cdmpp.arrays import as_arrays  # noqa: E402
+from tensorplan.cdmpp.base import load_estimator  # noqa: E402
 from tensorplan.cdmpp.baselines import TenSetXGB  # noqa: E402
-from tensorplan.cdmpp.model import CDMPP, as_arrays, load_estimator  # noqa: E402
 from tensorplan.cdmpp.ensemble import Ensemble  # noqa: E402
-from tensorplan.cdmpp.evaluate import make_model  # noqa: E402
+from tensorplan.cdmpp.model import CDMPP  # noqa: E402
 from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
 
 
@@ -66,32 +67,6 @@ def test_ensemble_of_cdmpp_fine_tunes_every_member(cdmpp_small):
         assert not np.allclose(a.predict(tgt), b.predict(tgt))   # each member's head moved
 
 
-def test_harness_names_ensembles():
-    ens = make_model("xgboost-ens", quick=True, seed=2)
-    assert isinstance(ens, Ensemble) and len(ens.members) == 3
-    assert [(m.seed, m.subsample) for m in ens.members] == [(2, 0.7), (3, 0.7), (4, 0.7)]
-    hier = make_model("xgboost-hier-ens2", quick=True)
-    assert [(m.base, m.parts, m.subsample) for m in hier.members] == [("hierarchy", True, 0.7)] * 2
-    ens5 = make_model("cdmpp-nocmd-ens5", quick=True)
-    assert len(ens5.members) == 5 and all(m.cmd_alpha == 0.0 for m in ens5.members)
-    with pytest.raises(TensorplanError, match="unknown model"):
-        make_model("nothing-ens", quick=True)
-
-
-def test_mixed_ensemble_pools_two_models_and_survives_a_save(cdmpp_small, tmp_path):
-    tr, te = as_arrays(cdmpp_small["train"]), as_arrays(cdmpp_small["test"])
-    mix = make_model("cdmpp-nocmd-ens2+xgboost-ens", quick=True)
-    assert [type(m).__name__ for m in mix.members] == ["CDMPP"] * 2 + ["TenSetXGB"] * 3
-    mix.fit(tr)
-    logs = np.stack([np.log(m.predict(te)) for m in mix.members])
-    np.testing.assert_allclose(mix.predict(te), np.exp(logs.mean(0) - logs.var(0, ddof=1)), rtol=1e-5)
-    back = load_estimator(mix.save(tmp_path / "mix.pt"))
-    assert [type(m).__name__ for m in back.members] == [type(m).__name__ for m in mix.members]
-    np.testing.assert_allclose(back.predict(te), mix.predict(te), rtol=1e-5)
-    with pytest.raises(TensorplanError, match="at least 2 members"):
-        make_model("roofline+", quick=True)
-
-
 @pytest.mark.slow
 def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
     """`tensorplan predictor train --members 2` saves an ensemble; `predict` with it gives each kernel a spread."""
@@ -99,14 +74,14 @@ def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
 
     from tensorplan.cli import app
     from tensorplan.cdmpp.model import train
-    from tensorplan.cdmpp.predict import predict_network
+    from tensorplan.cdmpp.predict import predict
 
     model, info = train(cdmpp_small["ds"], out=tmp_path / "ens.pt", members=2, epochs=2, batch_size=64,
                         max_cov=0.25)
     assert isinstance(model, Ensemble) and info["members"] == 2 and info["epochs_run"] == [2, 2]
     assert [m.seed for m in model.members] == [0, 1] and info["val"]["n"] > 0
     assert len(json.loads((tmp_path / "ens.norm.json").read_text())["members"]) == 2
-    r = predict_network("tiny-mlp", device="local", weights=tmp_path / "ens.pt")
+    r = predict("tiny-mlp", device="local", weights=tmp_path / "ens.pt").to_dict()
     assert r["predictor"] == "Ensemble" and r["n_kernels"] >= 3
     assert all(k["log_spread"] >= 0 and k["predicted_us"] > 0 for k in r["kernels"])
     assert any(k["log_spread"] > 0 for k in r["kernels"])       # two seeds never agree exactly

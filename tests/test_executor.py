@@ -13,14 +13,15 @@ pytest.importorskip("onnxruntime")
 
 from tensorplan.ir.graph import Graph, Node, Tensor  # noqa: E402
 from tensorplan.workflows.orchestrate import orchestrate  # noqa: E402
-from tensorplan.runtime.plan import Plan, PlanKernel, plan_buffers, topo_order  # noqa: E402
-from tensorplan.runtime.executor import PlanExecutor, run_plan  # noqa: E402
+from tensorplan.runtime.buffers import plan_buffers  # noqa: E402
+from tensorplan.runtime.plan import Plan, PlanKernel, load_plan, topo_order  # noqa: E402
+from tensorplan.runtime.executor import FALLBACKS, PlanExecutor  # noqa: E402
 
 
 @pytest.mark.parametrize("model", ["tiny-attention", "tiny-style", "tiny-convnext-ish"])
 def test_plan_of_tiny_zoo_model_matches_ort(model):
-    plan = orchestrate(model, cost="analytical", time_limit=20)
-    res = run_plan(plan, repeats=3)
+    plan = orchestrate(model, cost="analytical", time_limit=20, race=False)
+    res = plan.run(repeats=3)
     assert res.ok, (res.max_rel_err, res.fallbacks)
     assert res.max_rel_err <= 1e-4
     assert res.kernels == len(plan.kernels)
@@ -28,15 +29,13 @@ def test_plan_of_tiny_zoo_model_matches_ort(model):
     assert "tvm" in res.backends
 
 
-def test_measured_plan_runs_resumes_and_records_backends(tmp_path):
+def test_measured_plan_runs_resumes_and_records_backends(tmp_path, store):
     from tensorplan.cost.measured import MeasuredCost
     from tensorplan.korch.fission import fission
-    from tensorplan.zoo.specs import load_model
-    from tensorplan.measure.store import Store
+    from tensorplan.zoo.specs import load
     from tensorplan.korch.candidates import enumerate_candidates
-    store = Store(tmp_path / "s.sqlite")
     # a "killed" profiling job: only part of the candidates measured
-    prim = fission(load_model("tiny-cnn")).graph
+    prim = fission(load("tiny-cnn")).graph
     cands = enumerate_candidates(prim, max_nodes=8)
     first = MeasuredCost(store=store, device="local", threads=2, budget_s=0.005)
     part = first.cost_many(prim, cands[:5])
@@ -46,13 +45,15 @@ def test_measured_plan_runs_resumes_and_records_backends(tmp_path):
     assert second.stats["cached"] >= len({c.canonical_hash for c in cands[:5]})
     assert second.stats["measured"] + second.stats["cached"] + second.stats["failed"] == len(cands)
     assert all(c > 0 for c in costs) and all(math.isfinite(c) for c, k in zip(costs, cands) if k.size == 1)
-    plan = orchestrate("tiny-cnn", cost=second, time_limit=20)
-    assert {k.backend for k in plan.kernels} <= {"tvm", "ort", "torch"}
-    assert all(k.backend for k in plan.kernels)
+    plan = orchestrate("tiny-cnn", cost=second, time_limit=20, race=False)
+    # every kernel records the backend that won its timing, one the executor builds (which one
+    # wins depends on the machine: OpenVINO can win a region, ONNX Runtime another)
+    assert all(k.backend in FALLBACKS for k in plan.kernels), [k.backend for k in plan.kernels]
     path = tmp_path / "p.json"
     plan.save(path)
-    res = run_plan(str(path), repeats=5, kernel_times=True)
+    res = load_plan(path).run(repeats=5, kernel_times=True)
     assert res.ok, res.max_rel_err
+    assert sum(res.backends.values()) == len(plan.kernels)
     assert res.kernel_sum_s > 0
     rows = list(store.measurements(kind="korch_kernel"))
     assert rows and all("backend" in r["extra"] for r in rows if not r["extra"].get("failed"))
@@ -92,7 +93,7 @@ def test_plan_json_roundtrip_and_cli_run(tmp_path):
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    plan = orchestrate("tiny-mlp", cost="analytical", time_limit=20)
+    plan = orchestrate("tiny-mlp", cost="analytical", time_limit=20, race=False)
     path = tmp_path / "mlp.json"
     plan.save(path)
     r = CliRunner().invoke(app, ["run", str(path), "--json", "--repeats", "3"])
@@ -125,18 +126,18 @@ def test_fp16_model_is_checked_at_fp16_precision(tmp_path):
     bar of 1e-4, which rejects it; the check uses 8 fp16 epsilons (7.8e-3)."""
     import torch
     from tensorplan.zoo.from_torch import from_torch
-    from tensorplan.zoo.specs import load_model
+    from tensorplan.zoo.specs import load
     from tensorplan.ir.reference import default_tolerance
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                               torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU()).eval().half()
     path = from_torch(net, (torch.randn(1, 3, 32, 32).half(),), name="half_net", path=tmp_path / "half.onnx")
-    g = load_model(str(path))
+    g = load(str(path))
     assert g.tensors[g.outputs[0]].dtype == "float16"
     assert default_tolerance(g) == pytest.approx(8 * 2.0 ** -10)
-    plan = orchestrate(str(path), cost="analytical", time_limit=20)
-    res = run_plan(plan, repeats=3)
+    plan = orchestrate(g, cost="analytical", time_limit=20, race=False)
+    res = plan.run(repeats=3)
     assert res.ok and 0 < res.max_rel_err <= res.tol == default_tolerance(g), (res.max_rel_err, res.tol)
-    res32 = run_plan(plan, repeats=3, tol=1e-4)
+    res32 = plan.run(repeats=3, tol=1e-4)
     assert res32.max_rel_err > 1e-4 and not res32.ok     # rounding alone fails the fp32 bar

@@ -14,7 +14,8 @@ from tensorplan.ir.to_onnx import ort_session, run_onnxruntime
 from tensorplan.workflows.orchestrate import orchestrate
 from tensorplan.workflows.export import export_onnx
 
-from test_regions import FixedDevice, RegionFriendlyCost
+from conftest import FixedDevice
+from test_regions import RegionFriendlyCost
 
 
 def _meta(path) -> dict:
@@ -22,7 +23,7 @@ def _meta(path) -> dict:
 
 
 def test_model_export_applies_the_rewrites_and_matches_onnxruntime(tmp_path):
-    from tensorplan.zoo.specs import load_model, resolve_model_path
+    from tensorplan.zoo.specs import load, resolve_model_path
     out = tmp_path / "yolox.onnx"
     res = export_onnx("yolox-nano", out, rounds=2)
     assert res.source == "model" and not res.exact and res.ok
@@ -31,9 +32,10 @@ def test_model_export_applies_the_rewrites_and_matches_onnxruntime(tmp_path):
     assert res.timing["original_ms"] > 0 and res.timing["exported_ms"] > 0 and res.timing["rounds"] == 2
     meta = _meta(out)
     assert json.loads(meta["tensorplan.rewrites"]) == res.rewrites
-    assert json.loads(meta["tensorplan.ort_session"])["intra_op_num_threads"] == 2
+    from tensorplan.devices import usable_cores
+    assert json.loads(meta["tensorplan.ort_session"])["intra_op_num_threads"] == usable_cores()  # the default
     # independently of the exporter's own check: the file is a drop-in replacement in ONNX Runtime
-    g = load_model("yolox-nano")
+    g = load("yolox-nano")
     feeds = random_feeds(g, seed=3)
     want = run_onnxruntime(onnx.load(str(resolve_model_path("yolox-nano"))), feeds)
     got = run_onnxruntime(onnx.load(str(out)), feeds)
@@ -72,7 +74,7 @@ def test_cli_writes_a_file_that_runs_with_the_stored_session_options(tmp_path):
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    from tensorplan.zoo.specs import load_model
+    from tensorplan.zoo.specs import load
     out = tmp_path / "cnn.onnx"
     r = CliRunner().invoke(app, ["export", "tiny-cnn", "-o", str(out), "--rounds", "2", "--json"])
     assert r.exit_code == 0, r.output
@@ -80,7 +82,7 @@ def test_cli_writes_a_file_that_runs_with_the_stored_session_options(tmp_path):
     assert d["ok"] and d["path"] == str(out) and d["timing"]["speedup"] > 0
     opts = json.loads(_meta(out)["tensorplan.ort_session"])
     sess = ort_session(onnx.load(str(out)), threads=opts["intra_op_num_threads"])
-    g = load_model("tiny-cnn")
+    g = load("tiny-cnn")
     feeds = random_feeds(g, seed=0)
     outs = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
     assert len(outs) == len(g.outputs) and all(np.isfinite(o).all() for o in outs)

@@ -4,32 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
+from conftest import onnx_model, ort_outputs
 from tensorplan.korch.fission import CATEGORY, category, fission, reduce_axes
 from tensorplan.ir.onnx_import import import_onnx
 from tensorplan.ir.reference import rel_error, run_reference
 from tensorplan.ir.to_onnx import graph_to_onnx
 
 TOL = 1e-4
-
-
-def _model(nodes, inputs: dict, outputs: list[str], inits: dict | None = None, opset: int = 17):
-    g = helper.make_graph(
-        nodes, "t",
-        [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 9 if opset < 21 else 10
-    return m
-
-
-def _ort(model: onnx.ModelProto, feeds):
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return s.run(None, feeds)
 
 
 def check(model: onnx.ModelProto, absent: set[str] = frozenset(), seed: int = 0, scale: float = 1.0,
@@ -40,7 +24,7 @@ def check(model: onnx.ModelProto, absent: set[str] = frozenset(), seed: int = 0,
     rng = np.random.default_rng(seed)
     if feeds is None:
         feeds = {i: (rng.standard_normal(g.tensors[i].shape) * scale).astype(np.float32) for i in g.inputs}
-    want = _ort(model, feeds)
+    want = ort_outputs(model, feeds)
     fr = fission(g)
     prim = fr.graph
     prim.validate()
@@ -51,7 +35,7 @@ def check(model: onnx.ModelProto, absent: set[str] = frozenset(), seed: int = 0,
             assert category(n.op) != "opaque"
             assert len([o for o in n.outputs if o]) == 1
     got_ref = run_reference(prim, feeds)
-    got_ort = _ort(graph_to_onnx(prim), feeds)
+    got_ort = ort_outputs(graph_to_onnx(prim), feeds)
     for o, w, go in zip(prim.outputs, want, got_ort):
         assert rel_error(got_ref[o], w) <= TOL, (o, rel_error(got_ref[o], w))
         assert rel_error(go, w) <= TOL, (o, rel_error(go, w))
@@ -63,7 +47,7 @@ def one(op, shape, attrs=None, opset=17, extra_inputs=None, inits=None, absent=N
     ins = ["x"] + list(extra_inputs or [])
     outs = [f"y{i}" for i in range(n_out)]
     node = helper.make_node(op, ins, outs, **(attrs or {}))
-    return check(_model([node], {"x": shape}, outs, inits, opset), absent={op} if absent is None else absent,
+    return check(onnx_model([node], {"x": shape}, outs, inits, opset), absent={op} if absent is None else absent,
                  scale=scale)
 
 
@@ -137,7 +121,7 @@ def test_batchnorm_constant_params_fold():
 def test_batchnorm_runtime_params():
     C = 5
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-5)
-    m = _model([node], {"x": (2, C, 3), "s": (C,), "b": (C,), "m": (C,), "v": (C,)}, ["y"])
+    m = onnx_model([node], {"x": (2, C, 3), "s": (C,), "b": (C,), "m": (C,), "v": (C,)}, ["y"])
     r = np.random.default_rng(5)
     feeds = {k: r.standard_normal(s).astype(np.float32) for k, s in
              {"x": (2, C, 3), "s": (C,), "b": (C,), "m": (C,)}.items()}
@@ -172,7 +156,7 @@ def test_swish_vs_numpy():
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32) * 3
     y = run_reference(prim, {"x": x})["y"]
     np.testing.assert_allclose(y, x / (1 + np.exp(-1.5 * x)), rtol=1e-5, atol=1e-6)
-    y2 = _ort(graph_to_onnx(prim), {"x": x})[0]
+    y2 = ort_outputs(graph_to_onnx(prim), {"x": x})[0]
     np.testing.assert_allclose(y2, y, rtol=1e-5, atol=1e-6)
 
 
@@ -198,7 +182,7 @@ def test_gemm_constant_weight(tA, tB, alpha, beta, cshape):
 
 def test_gemm_runtime_operands():
     node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, alpha=0.7, beta=1.3)
-    m = _model([node], {"x": (3, 4), "w": (6, 4), "c": (3, 6)}, ["y"])
+    m = onnx_model([node], {"x": (3, 4), "w": (6, 4), "c": (3, 6)}, ["y"])
     check(m, absent={"Gemm"})
 
 
@@ -231,7 +215,7 @@ def test_reduce_composites(op, opset, keepdims, axes):
     if op == "ReduceLogSum":  # needs positive inputs
         node = helper.make_node("Abs", ["x"], ["a"])
         red = helper.make_node(op, ["a"] + ins, ["y"], **attrs)
-        check(_model([node, red], {"x": shape}, ["y"], inits, opset), absent={op})
+        check(onnx_model([node, red], {"x": shape}, ["y"], inits, opset), absent={op})
     else:
         one(op, shape, attrs, opset=opset, extra_inputs=ins, inits=inits)
 
@@ -257,7 +241,7 @@ def test_flatten_squeeze_unsqueeze_become_reshape():
 def test_variadic_sum_mean_max():
     for op in ("Sum", "Mean", "Max"):
         node = helper.make_node(op, ["x", "a", "b"], ["y"])
-        fr = check(_model([node], {"x": (2, 3), "a": (3,), "b": (2, 1)}, ["y"]),
+        fr = check(onnx_model([node], {"x": (2, 3), "a": (3,), "b": (2, 1)}, ["y"]),
                    absent=set() if op == "Max" else {op})
         assert all(len(n.inputs) == 2 for n in fr.graph.nodes if n.op in ("Add", "Max"))
         assert len(fr.graph.nodes) >= 2
@@ -269,14 +253,14 @@ def test_variadic_sum_mean_max():
 def test_resize_nearest_integer_becomes_layout(opset, ctm, nm, scales):
     node = helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest",
                             coordinate_transformation_mode=ctm, nearest_mode=nm)
-    m = _model([node], {"x": (1, 2, 3, 4)}, ["y"], {"sc": np.array(scales, np.float32)}, opset)
+    m = onnx_model([node], {"x": (1, 2, 3, 4)}, ["y"], {"sc": np.array(scales, np.float32)}, opset)
     fr = check(m, absent={"Resize"})
     assert {n.op for n in fr.graph.nodes} == {"Reshape", "Expand"}
 
 
 def test_resize_linear_stays_primitive():
     node = helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="linear")
-    m = _model([node], {"x": (1, 2, 3, 4)}, ["y"], {"sc": np.array([1, 1, 2, 2], np.float32)})
+    m = onnx_model([node], {"x": (1, 2, 3, 4)}, ["y"], {"sc": np.array([1, 1, 2, 2], np.float32)})
     fr = check(m)
     assert [n.op for n in fr.graph.nodes] == ["Resize"] and not fr.opaque
 
@@ -284,7 +268,7 @@ def test_resize_linear_stays_primitive():
 def test_expand_into_broadcasting_add_is_dropped():
     e = helper.make_node("Expand", ["b", "shp"], ["be"])
     a = helper.make_node("Add", ["x", "be"], ["y"])
-    m = _model([e, a], {"x": (2, 3, 4), "b": (3, 1)}, ["y"], {"shp": np.array([2, 3, 4], np.int64)})
+    m = onnx_model([e, a], {"x": (2, 3, 4), "b": (3, 1)}, ["y"], {"shp": np.array([2, 3, 4], np.int64)})
     fr = check(m, absent={"Expand"})
     assert [n.op for n in fr.graph.nodes] == ["Add"]
 
@@ -292,29 +276,25 @@ def test_expand_into_broadcasting_add_is_dropped():
 def test_expand_kept_when_it_changes_the_shape():
     e = helper.make_node("Expand", ["x", "shp"], ["y"])
     r = helper.make_node("Relu", ["y"], ["z"])
-    m = _model([e, r], {"x": (3, 1)}, ["z"], {"shp": np.array([2, 3, 4], np.int64)})
+    m = onnx_model([e, r], {"x": (3, 1)}, ["z"], {"shp": np.array([2, 3, 4], np.int64)})
     fr = check(m)
     assert "Expand" in {n.op for n in fr.graph.nodes}
 
 
 def test_unknown_op_is_opaque():
     node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1)
-    g = helper.make_graph([node, helper.make_node("Relu", ["v"], ["y"])], "t",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(np.array([3], np.int64), "k")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
+    m = onnx_model([node, helper.make_node("Relu", ["v"], ["y"])], {"x": [2, 6]}, ["y"],
+                   {"k": np.array([3], np.int64)})
     fr = check(m)
     assert [op for _, op in fr.opaque] == ["TopK"]
 
 
 def test_reduce_axes_reads_both_forms():
     node = helper.make_node("ReduceMax", ["x"], ["y"], axes=[-1], keepdims=1)
-    g = import_onnx(_model([node], {"x": (2, 3)}, ["y"], opset=13))
+    g = import_onnx(onnx_model([node], {"x": (2, 3)}, ["y"], opset=13))
     assert reduce_axes(g, g.nodes[0]) == (1,)
     node = helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=0)
-    g = import_onnx(_model([node], {"x": (2, 3, 4)}, ["y"], {"ax": np.array([0, -1], np.int64)}, opset=13))
+    g = import_onnx(onnx_model([node], {"x": (2, 3, 4)}, ["y"], {"ax": np.array([0, -1], np.int64)}, opset=13))
     assert reduce_axes(g, g.nodes[0]) == (0, 2)
 
 
@@ -322,15 +302,13 @@ def test_reduce_axes_reads_both_forms():
 
 def _zoo_check(name: str, opset: int = 17):
     zoo = pytest.importorskip("tensorplan.zoo")
-    from tensorplan.zoo.specs import load_model
+    from tensorplan.zoo.specs import load
     from tensorplan.ir.reference import random_feeds
     path = zoo.export(name, opset)
-    g = load_model(name, opset=opset)
+    g = load(name, opset=opset)
     fr = fission(g)
     feeds = random_feeds(g, 0)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    want = sess.run(None, {k: feeds[k] for k in names})
+    want = ort_outputs(path, feeds)
     got = run_reference(fr.graph, feeds)
     for o, w in zip(fr.graph.outputs, want):
         assert rel_error(got[o], w) <= TOL, (name, o, rel_error(got[o], w))

@@ -15,8 +15,9 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from typer.testing import CliRunner
 
+from conftest import assert_close
 from tensorplan.errors import ModelImportError
-from tensorplan.zoo.specs import load_model
+from tensorplan.zoo.specs import load
 from tensorplan.ir.reference import random_feeds, rel_error, run_reference
 from tensorplan.ir.to_onnx import graph_to_onnx, run_onnxruntime
 
@@ -52,15 +53,14 @@ def _mixed(tmp_path):
 
 def test_foreign_nodes_import_and_the_reference_matches_onnxruntime(tmp_path):
     path = _mixed(tmp_path)
-    g = load_model(str(path))
+    g = load(str(path))
     assert {n.op for n in g.nodes} >= {"LSTM", "BiasGelu"}
     assert g.domain_opsets == {"com.microsoft": 1}
     assert g.tensors["yc"].shape == (1, 16, 24)    # shapes of a foreign node's outputs are known
     feeds = random_feeds(g, seed=1)
     want = run_onnxruntime(onnx.load(str(path)), feeds)
     got = run_reference(g, feeds)
-    for o in ("out", "yc"):
-        assert rel_error(got[o], want[o]) <= 1e-5, o
+    assert_close(got, want, 1e-5, ("out", "yc"))
     assert np.array_equal(got["i"], want["i"])
     # a Graph with a contrib node goes back to ONNX with its domain imported
     proto = graph_to_onnx(g)
@@ -69,11 +69,10 @@ def test_foreign_nodes_import_and_the_reference_matches_onnxruntime(tmp_path):
 
 def test_plan_with_foreign_kernels_runs_and_matches_onnxruntime(tmp_path):
     from tensorplan.workflows.orchestrate import orchestrate
-    from tensorplan.runtime.executor import run_plan
-    plan = orchestrate(str(_mixed(tmp_path)), cost="analytical", time_limit=20)
+    plan = orchestrate(str(_mixed(tmp_path)), cost="analytical", time_limit=20, race=False)
     opaque = {n for k in plan.kernels if k.kind == "opaque" for n in k.nodes}
     assert any("lstm" in p for p in opaque) and any("bias_gelu" in p for p in opaque), opaque
-    res = run_plan(plan, repeats=3)
+    res = plan.run(repeats=3)
     assert res.ok and res.max_rel_err <= 1e-4, (res.max_rel_err, res.fallbacks)
     assert "tvm" in res.backends
 
@@ -91,11 +90,11 @@ def test_inspect_lists_foreign_and_truly_unsupported_nodes(tmp_path):
     bad = _model(tmp_path, [h.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="acme.ops")], [],
                  [("y", T.FLOAT)], "bad", domains=(("acme.ops", 1),))
     with pytest.raises(ModelImportError, match=r"'frob' \(acme.ops::Frobnicate\)"):
-        load_model(str(bad))
+        load(str(bad))
     # ... and a default-domain op ONNX Runtime has no kernel for at this opset
     old = _model(tmp_path, [h.make_node("Upsample", ["x"], ["y"], name="up")], [], [("y", T.FLOAT)], "old")
     with pytest.raises(ModelImportError, match="Upsample"):
-        load_model(str(old))
+        load(str(old))
 
 
 def test_multihead_attention_module_exports_and_a_failed_export_is_one_clear_error(capfd):
@@ -112,7 +111,7 @@ def test_multihead_attention_module_exports_and_a_failed_export_is_one_clear_err
     torch.manual_seed(0)
     x = torch.randn(1, 8, 32)
     m = Att().eval()
-    g = load_model(str(from_torch(m, (x,), name="mha")))
+    g = load(str(from_torch(m, (x,), name="mha")))
     with torch.no_grad():
         want = m(x).numpy()
     assert rel_error(run_reference(g, {g.inputs[0]: x.numpy()})[g.outputs[0]], want) <= 1e-5
@@ -154,13 +153,12 @@ def test_int8_quantized_model_plans_with_regions_and_matches_onnxruntime(tmp_pat
     from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.korch.regions import enumerate_regions
     from tensorplan.korch.fission import fission
-    from tensorplan.runtime.executor import run_plan
     src = str(resolve_model_path("tiny-cnn"))
     out = tmp_path / f"q_{fmt}.onnx"
     if fmt == "dynamic":
         quantize_dynamic(src, str(out), weight_type=QuantType.QInt8)
     else:
-        g0 = load_model(src)
+        g0 = load(src)
         name, shape = g0.inputs[0], g0.tensors[g0.inputs[0]].shape
 
         class Reader(CalibrationDataReader):
@@ -171,10 +169,10 @@ def test_int8_quantized_model_plans_with_regions_and_matches_onnxruntime(tmp_pat
             def get_next(self):
                 return self.left.pop() if self.left else None
         quantize_static(src, str(out), Reader(), quant_format=QuantFormat.QOperator)
-    g = load_model(str(out))
+    g = load(str(out))
     ops = {n.op for n in g.nodes}
     assert ops & {"ConvInteger", "QLinearConv"}
     assert enumerate_regions(g, fission(g), 0)              # quantized convolutions cut regions
-    plan = orchestrate(str(out), cost="analytical", time_limit=20)
-    res = run_plan(plan, repeats=3)
+    plan = orchestrate(str(out), cost="analytical", time_limit=20, race=False)
+    res = plan.run(repeats=3)
     assert res.ok and res.max_rel_err <= 1e-4, (res.max_rel_err, res.fallbacks)

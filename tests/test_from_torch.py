@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tensorplan.errors import ModelImportError
 from tensorplan.zoo.from_torch import export_spec, from_torch, is_torch_spec
-from tensorplan.zoo.specs import load_model, resolve_model
+from tensorplan.zoo.specs import load, resolve_model
 from tensorplan.ir.reference import run_reference
 
 FACTORY = textwrap.dedent("""
@@ -42,12 +42,6 @@ FACTORY = textwrap.dedent("""
 """)
 
 
-@pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TENSORPLAN_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 class Two(nn.Module):
     def __init__(self):
         super().__init__()
@@ -59,14 +53,14 @@ class Two(nn.Module):
         return h + y, h.sum(-1)
 
 
-def test_from_torch_exports_what_torch_computes(cache):
+def test_from_torch_exports_what_torch_computes(tmp_cache):
     torch.manual_seed(0)
     m = Two().train()
     x, y = torch.randn(2, 6), torch.randn(2, 5)
     path = from_torch(m, (x, y), name="two")
-    assert path.parent == cache / "torch" and path.name.startswith("two-")
+    assert path.parent == tmp_cache / "torch" and path.name.startswith("two-")
     assert m.training, "the caller's train/eval mode is restored"
-    g = load_model(path)
+    g = load(path)
     assert g.inputs == ["x", "y"]                      # named after forward's parameters
     got = run_reference(g, {"x": x.numpy(), "y": y.numpy()})
     m.eval()
@@ -77,7 +71,7 @@ def test_from_torch_exports_what_torch_computes(cache):
     assert from_torch(m, (x, y), name="two") == path    # same module, same file (content hash)
 
 
-def test_factory_spec_from_a_file_and_a_package(cache, tmp_path, monkeypatch):
+def test_factory_spec_from_a_file_and_a_package(tmp_cache, tmp_path, monkeypatch):
     src = tmp_path / "usernet.py"
     src.write_text(FACTORY)
     spec = f"{src}:build"
@@ -86,35 +80,35 @@ def test_factory_spec_from_a_file_and_a_package(cache, tmp_path, monkeypatch):
     path, name = resolve_model(spec)
     assert name == "build" and path.suffix == ".onnx"
     assert export_spec(spec) == path                    # exported once per process
-    g = load_model(spec)
+    g = load(spec)
     assert g.name == "build" and g.inputs == ["image"]
     assert any(n.op == "Conv" for n in g.nodes) and not any(n.op == "BatchNormalization" for n in g.nodes)
 
     monkeypatch.chdir(tmp_path)                         # `pkg.mod:factory` imports from the working dir
-    assert load_model("usernet:build").inputs == ["image"]
+    assert load("usernet:build").inputs == ["image"]
 
 
 @pytest.mark.parametrize("attr, words", [("missing", "no callable 'missing'"),
                                          ("not_a_pair", "must return (module, example_inputs)"),
                                          ("broken", "factory raised RuntimeError: no weights here")])
-def test_factory_errors_name_the_spec(cache, tmp_path, attr, words):
+def test_factory_errors_name_the_spec(tmp_cache, tmp_path, attr, words):
     src = tmp_path / "usernet.py"
     src.write_text(FACTORY)
     with pytest.raises(ModelImportError) as e:
-        load_model(f"{src}:{attr}")
+        load(f"{src}:{attr}")
     assert f"{src}:{attr}" in str(e.value) and words in str(e.value)
 
 
-def test_bad_inputs_and_forward_errors(cache):
+def test_bad_inputs_and_forward_errors(tmp_cache):
     with pytest.raises(ModelImportError, match="expected a torch.Tensor"):
         from_torch(nn.Linear(3, 2), [np.zeros((1, 3))])
     with pytest.raises(ModelImportError, match="forward on the example inputs raised"):
         from_torch(nn.Linear(3, 2), torch.zeros(1, 4), name="wrong")
     with pytest.raises(ModelImportError, match="no such file"):
-        load_model("/nonexistent/usernet.py:build")
+        load("/nonexistent/usernet.py:build")
 
 
-def test_cli_inspect_takes_a_factory(cache, tmp_path):
+def test_cli_inspect_takes_a_factory(tmp_cache, tmp_path):
     from tensorplan.cli import app
 
     src = tmp_path / "usernet.py"

@@ -6,10 +6,11 @@ import subprocess
 import sys
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 import onnx
+from onnx import helper
 from typer.testing import CliRunner
 
+from conftest import onnx_model
 from tensorplan.cli import app
 
 runner = CliRunner()
@@ -17,27 +18,21 @@ runner = CliRunner()
 
 def _tiny_model(path, dynamic=False, unsupported=False):
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal((8,)).astype(np.float32), "b")
+    inits = {"w": rng.standard_normal((16, 8)).astype(np.float32), "b": rng.standard_normal((8,)).astype(np.float32),
+             "s": np.array([-1, 4, 4], np.int64), "sc": np.ones(3, np.float32)}
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
              helper.make_node("Add", ["h", "b"], ["hb"], name="add"),
              helper.make_node("Relu", ["hb"], ["r"], name="relu"),
              helper.make_node("Softmax", ["r"], ["y"], name="sm", axis=-1)]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    outputs = ["y"]
     if unsupported:   # Det: ONNX Runtime runs it; Upsample (gone after opset 9): nobody does
         nodes.append(helper.make_node("Det", ["sq"], ["d"], name="det"))
         nodes.append(helper.make_node("Upsample", ["sq", "sc"], ["u"], name="ups"))
-        outputs.append(helper.make_tensor_value_info("u", TensorProto.FLOAT, None))
+        outputs.append("u")
         nodes.insert(0, helper.make_node("Reshape", ["x", "s"], ["sq"], name="rs"))
-        outputs.append(helper.make_tensor_value_info("d", TensorProto.FLOAT, None))
-    inits = [w, b, numpy_helper.from_array(np.array([-1, 4, 4], np.int64), "s"),
-             numpy_helper.from_array(np.ones(3, np.float32), "sc")]
+        outputs.append("d")
     shape = ["batch", 16] if dynamic else [2, 16]
-    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                          outputs, inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
+    onnx.save(onnx_model(nodes, {"x": shape}, outputs, inits, name="tiny"), str(path))
     return path
 
 

@@ -283,11 +283,11 @@ def test_a_dynamic_model_needs_its_shapes_and_then_predicts_static_kernels(tmp_p
 
 
 def test_gpu_predictions_are_checked_against_the_h100_timings_of_the_same_programs():
-    """bench/cdmpp_gpu_predict_check.py: each kernel's CUDA program is the draw the H100 dataset timed
+    """research/cdmpp/cdmpp_gpu_predict_check.py: each kernel's CUDA program is the draw the H100 dataset timed
     (same task key, same draw index), so a prediction made without a GPU has a measurement to meet."""
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "bench" / "cdmpp_gpu_predict_check.py"
+    path = Path(__file__).resolve().parents[1] / "research" / "cdmpp" / "cdmpp_gpu_predict_check.py"
     spec = importlib.util.spec_from_file_location("cdmpp_gpu_predict_check", path)
     gpc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpc)
@@ -306,7 +306,7 @@ def test_gpu_predictions_are_checked_against_the_h100_timings_of_the_same_progra
 
 
 def test_cpu_checks_from_several_hosts_are_pooled_per_host(tmp_path):
-    """bench/cdmpp_predict_check.py --summary on the committed runs (a Zen 3 and a Zen 4 VM): each
+    """research/cdmpp/cdmpp_predict_check.py --summary on the committed runs (a Zen 3 and a Zen 4 VM): each
     host's kernels are pooled on their own, so one CPU's errors never dilute another's."""
     import importlib.util
     from pathlib import Path
@@ -314,7 +314,7 @@ def test_cpu_checks_from_several_hosts_are_pooled_per_host(tmp_path):
     import numpy as np
 
     from tensorplan.cdmpp.model import regression_metrics
-    path = Path(__file__).resolve().parents[1] / "bench" / "cdmpp_predict_check.py"
+    path = Path(__file__).resolve().parents[1] / "research" / "cdmpp" / "cdmpp_predict_check.py"
     spec = importlib.util.spec_from_file_location("cdmpp_predict_check", path)
     pc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pc)
@@ -333,7 +333,7 @@ def test_cpu_checks_from_several_hosts_are_pooled_per_host(tmp_path):
 
 
 def test_big_kernel_study_scores_the_checked_kernels_in_order():
-    """bench/cdmpp_bigkernels.py --summary on its committed runs: the rows' per-kernel ratios line up
+    """research/cdmpp/cdmpp_bigkernels.py --summary on its committed runs: the rows' per-kernel ratios line up
     with the Zen 4 check's timed kernels (the shipped model's pooled MAPE comes out as the check's
     own), the big kernels are those over 0.1 s, and every arm names how many it trained on."""
     import importlib.util
@@ -342,7 +342,7 @@ def test_big_kernel_study_scores_the_checked_kernels_in_order():
     import numpy as np
 
     from tensorplan.cdmpp.model import regression_metrics
-    path = Path(__file__).resolve().parents[1] / "bench" / "cdmpp_bigkernels.py"
+    path = Path(__file__).resolve().parents[1] / "research" / "cdmpp" / "cdmpp_bigkernels.py"
     spec = importlib.util.spec_from_file_location("cdmpp_bigkernels", path)
     bk = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bk)
@@ -361,11 +361,11 @@ def test_big_kernel_study_scores_the_checked_kernels_in_order():
 
 
 def _ship_data_study(monkeypatch):
-    """bench/cdmpp_ship_data.py as a module (it imports cdmpp_bigkernels from bench/)."""
+    """research/cdmpp/cdmpp_ship_data.py as a module (it imports cdmpp_bigkernels beside it)."""
     import importlib.util
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[1] / "bench"
+    bench = Path(__file__).resolve().parents[1] / "research" / "cdmpp"
     monkeypatch.syspath_prepend(str(bench))
     spec = importlib.util.spec_from_file_location("cdmpp_ship_data", bench / "cdmpp_ship_data.py")
     sd = importlib.util.module_from_spec(spec)
@@ -374,7 +374,7 @@ def _ship_data_study(monkeypatch):
 
 
 def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
-    """bench/cdmpp_ship_data.py on its committed runs: the line of the weights shipped on 2026-11-24
+    """research/cdmpp/cdmpp_ship_data.py on its committed runs: the line of the weights shipped on 2026-11-24
     reproduces that model's own Zen 4 check (same kernels, same order), the line of the current
     weights names the domains the packaged model learnt, and both arms ran the same seeds."""
     from pathlib import Path
@@ -382,7 +382,7 @@ def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
     import numpy as np
 
     from tensorplan.cdmpp.model import load_shipped, regression_metrics
-    bench = Path(__file__).resolve().parents[1] / "bench"
+    bench = Path(__file__).resolve().parents[1] / "research" / "cdmpp"
     sd = _ship_data_study(monkeypatch)
     s = sd.summarize(bench / "results" / "cdmpp_ship_data.jsonl")
     lines = [json.loads(x) for x in sd.CHECK.read_text().splitlines() if x.strip()]
@@ -404,13 +404,13 @@ def test_ship_data_study_on_the_zen3_host_scores_every_zen3_checked_kernel(monke
     """The Zen 3 scoring (`--host "AMD EPYC (family 25, model 1)"`): every line covers exactly the
     kernels the predict check timed on a Zen 3 VM (and re-timed on 2026-11-27), and the programs
     labelled on that CPU type are the ones `measure-device --prefix zen3` timed
-    (bench/results/cdmpp_zen3_measure.json)."""
+    (research/cdmpp/results/cdmpp_zen3_measure.json)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     sd = _ship_data_study(monkeypatch)
     host = "AMD EPYC (family 25, model 1)"
-    s = sd.summarize(root / "bench" / "results" / "cdmpp_ship_data_zen3.jsonl")
+    s = sd.summarize(root / "research" / "cdmpp" / "results" / "cdmpp_ship_data_zen3.jsonl")
     assert s["host"] == host and len(s["models"]["weights"]) >= 3
     checked = sd.checked_kernels(sd.CHECK, host)
     n_checked = sum(len(v) for v in checked.values())
@@ -423,9 +423,9 @@ def test_ship_data_study_on_the_zen3_host_scores_every_zen3_checked_kernel(monke
         assert arms["all-cpus+zen3"]["train_records"] > arms["all-cpus"]["train_records"]
         assert (arms["all-cpus"]["check_unlabelled"]["kernels"] == arms["all-cpus+zen3"]["check_unlabelled"]["kernels"]
                 < n_checked)
-    again = sd.checked_kernels(root / "bench" / "results" / "cdmpp_predict_check_zen3.jsonl", host)
+    again = sd.checked_kernels(root / "research" / "cdmpp" / "results" / "cdmpp_predict_check_zen3.jsonl", host)
     assert {n: set(v) for n, v in again.items()} == {n: set(v) for n, v in checked.items()}
-    measured = json.loads((root / "bench" / "results" / "cdmpp_zen3_measure.json").read_text())
+    measured = json.loads((root / "research" / "cdmpp" / "results" / "cdmpp_zen3_measure.json").read_text())
     labelled = sd._host_labelled(str(root / "data" / "cdmpp"), host)
     assert len(labelled) == measured["programs"]
     assert labelled != sd._host_labelled(str(root / "data" / "cdmpp"), "AMD EPYC (family 25, model 17)")

@@ -10,8 +10,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import assert_close
 from tensorplan.errors import ModelImportError, TensorplanError, UnsupportedOperatorError
-from tensorplan.zoo.specs import load_model
+from tensorplan.zoo.specs import load
 from tensorplan import zoo
 from tensorplan.ir.analysis import graph_flops, min_bytes, node_bytes, node_flops, param_count, roofline_ms
 from tensorplan.ir.onnx_import import import_onnx, parse_input_shapes
@@ -289,11 +290,11 @@ def test_all_errors_are_tensorplan_errors():
         import_onnx(onnx.ModelProto())
 
 
-# ---------------------------------------------------------------- analysis + load_model
+# ---------------------------------------------------------------- analysis + load
 def test_analysis_counts_on_viewnet(tmp_path):
     torch.manual_seed(0)
     path = export_torch(ViewNet(), (torch.randn(1, 3, 8, 8),), tmp_path / "v.onnx", 17)
-    g = load_model(str(path))
+    g = load(str(path))
     conv = next(n for n in g.nodes if n.op == "Conv")
     # 2 * N*Cout*H*W * Cin*kh*kw + bias
     assert node_flops(g, conv) == 2 * 8 * 8 * 8 * 3 * 9 + 8 * 8 * 8
@@ -307,11 +308,11 @@ def test_analysis_counts_on_viewnet(tmp_path):
     assert roofline_ms(1e6, 1e9, 100, 10) == pytest.approx(100.0)
 
 
-def test_load_model_errors(tmp_path):
+def test_load_errors(tmp_path):
     with pytest.raises(ModelImportError, match="no such file"):
-        load_model(str(tmp_path / "none.onnx"))
+        load(str(tmp_path / "none.onnx"))
     with pytest.raises(TensorplanError, match="zoo"):
-        load_model("definitely-not-a-model")
+        load("definitely-not-a-model")
 
 
 # ---------------------------------------------------------------- zoo tiny models vs ORT
@@ -323,29 +324,26 @@ def _tiny_names():
 @pytest.mark.parametrize("name", _tiny_names())
 def test_zoo_tiny_models_match_onnxruntime(name, opset):
     path = zoo.export(name, opset)
-    g = load_model(name, opset=opset)
+    g = load(name, opset=opset)
     assert g.opset == opset
     g.validate()
     feeds = random_feeds(g, seed=0)
     ref = run_reference(g, feeds)
     ort = run_onnxruntime(onnx.load(str(path)), feeds)
-    for o in g.outputs:
-        assert rel_error(ref[o], ort[o]) <= TOL, (name, o)
+    assert_close(ref, ort, TOL, g.outputs, what=name)
     # and the graph exported back to ONNX runs in ORT with the same result
     back = run_onnxruntime(graph_to_onnx(g), feeds)
-    for o in g.outputs:
-        assert rel_error(back[o], ort[o]) <= TOL
+    assert_close(back, ort, TOL, g.outputs, what=f"{name} exported back")
 
 
 def test_zoo_subgraph_exports_and_runs():
-    g = load_model("tiny-cnn")
+    g = load("tiny-cnn")
     names = [n.name for n in g.nodes[1:4]]
     sub = g.subgraph(names)
     feeds = random_feeds(sub, seed=1)
     ref = run_reference(sub, feeds)
     ort = run_onnxruntime(sub, feeds)
-    for o in sub.outputs:
-        assert rel_error(ref[o], ort[o]) <= TOL
+    assert_close(ref, ort, TOL, sub.outputs)
 
 
 def test_loop_is_rejected_clearly():
@@ -393,7 +391,6 @@ def test_graph_to_onnx_handles_hand_built_primitive_graphs():
     onnx.checker.check_model(model, full_check=True)
     x = np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32)
     ref, ort = run_reference(g, {"x": x}), run_onnxruntime(model, {"x": x})
-    for o in g.outputs:
-        assert rel_error(ref[o], ort[o]) <= TOL
+    assert_close(ref, ort, TOL, g.outputs)
     back = import_onnx(model)  # and it imports again
     assert back.op_counts() == g.op_counts()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tensorplan.korch.fission import fission
-from tensorplan.zoo.specs import load_model
+from tensorplan.zoo.specs import load
 from tensorplan.ir.reference import rel_error
 from tensorplan.korch.candidates import enumerate_candidates
 from tensorplan.kernels.vendor import make_kernel, random_inputs
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not available(), reason="openvino not installed"
 
 def _whole_region(model):
     from tensorplan.korch.regions import enumerate_regions
-    g = load_model(model)
+    g = load(model)
     fr = fission(g)
     regs = enumerate_regions(g, fr, 0)
     whole = max(regs, key=lambda c: len(c.nodes))
@@ -45,13 +45,11 @@ def test_openvino_region_matches_onnxruntime_and_writes_in_place(model):
     assert all(rel_error(a.numpy(), b.numpy()) <= 1e-4 for a, b in zip(out_ov, out_ort))
 
 
-def test_measured_cost_times_openvino_for_regions_and_the_plan_runs(tmp_path):
+def test_measured_cost_times_openvino_for_regions_and_the_plan_runs(store):
     from tensorplan.cost.measured import MeasuredCost
-    from tensorplan.measure.store import Store
     from tensorplan.workflows.orchestrate import orchestrate
-    from tensorplan.runtime.executor import run_plan
     g, fr, reg = _whole_region("tiny-cnn")
-    cm = MeasuredCost(store=Store(tmp_path / "s.sqlite"), device="local", threads=2, budget_s=0.005)
+    cm = MeasuredCost(store=store, device="local", threads=2, budget_s=0.005)
     assert "openvino" in cm.region_backends and "openvino" in cm._backends_for(reg)
     assert "openvino" not in cm._backends_for(enumerate_candidates(fr.graph, max_nodes=2)[0])
     cost = cm.cost(fr.graph, reg)
@@ -60,9 +58,9 @@ def test_measured_cost_times_openvino_for_regions_and_the_plan_runs(tmp_path):
     ort_only = MeasuredCost(store=cm.store, device="local", threads=2, budget_s=0.005, region_backends=("ort",))
     assert ort_only._prog_key(fr.graph, reg) != cm._prog_key(fr.graph, reg)   # no stale ORT-only cost reused
     # a plan with an OpenVINO region (forced) runs and matches ONNX Runtime on the whole model
-    plan = orchestrate("tiny-cnn", cost=cm, time_limit=20)
+    plan = orchestrate("tiny-cnn", cost=cm, time_limit=20, race=False)
     for k in plan.kernels:
         if k.kind == "region":
             k.backend, k.schedule = "openvino", {"operators": k.schedule["operators"]}
-    res = run_plan(plan, repeats=3)
+    res = plan.run(repeats=3)
     assert res.ok and res.backends.get("openvino", 0) >= 1, (res.backends, res.fallbacks)

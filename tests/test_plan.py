@@ -8,21 +8,14 @@ import json
 import numpy as np
 import pytest
 
+from conftest import FixedDevice, prim_graph
 from tensorplan.errors import PlanError
-from tensorplan.runtime.plan import Plan, plan_buffers, verify
+from tensorplan.runtime.buffers import plan_buffers
+from tensorplan.runtime.plan import Plan, verify
 from tensorplan.workflows.orchestrate import orchestrate
 from tensorplan.runtime.plan import PlanKernel
 
 zoo = pytest.importorskip("tensorplan.zoo")
-
-
-class FixedDevice:
-    """Fixed roofline numbers so plans do not depend on this machine's measured peaks."""
-    name, kind, peak_fp32_gflops, mem_bw_gbs = "fixed-cpu", "cpu", 100.0, 20.0
-
-    def to_dict(self):
-        return {"name": self.name, "kind": self.kind, "peak_fp32_gflops": self.peak_fp32_gflops,
-                "mem_bw_gbs": self.mem_bw_gbs}
 
 
 @pytest.fixture(scope="module")
@@ -116,16 +109,9 @@ def test_verify_catches_broken_plans(planned):
 
 def test_verify_catches_non_convex_kernel():
     """Kernel {Relu, Add} around Exp is not convex: Relu -> Exp (outside) -> Add."""
-    from onnx import TensorProto, helper
-    from tensorplan.korch.fission import fission
-    from tensorplan.ir.onnx_import import import_onnx
+    from onnx import helper
     n = helper.make_node
-    g = helper.make_graph([n("Relu", ["x"], ["a"]), n("Exp", ["a"], ["b"]), n("Add", ["a", "b"], ["y"])], "t",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
-    prim = fission(import_onnx(m)).graph
+    prim = prim_graph([n("Relu", ["x"], ["a"]), n("Exp", ["a"], ["b"]), n("Add", ["a", "b"], ["y"])], {"x": [3]}, ["y"])
     relu, exp, add = (x.name for x in prim.nodes)
     bad = Plan(source={}, device={}, kernels=[
         PlanKernel("k0", [relu, add], ["x", "b"], ["y"], "memory"),
@@ -201,11 +187,14 @@ def test_cli_orchestrate_json(tmp_path):
     assert np.isfinite(plan.predicted_s)
 
 
-def test_primitive_graph_is_rederived_and_checked(planned):
+def test_primitive_graph_is_held_or_rederived_once_and_checked(planned):
     plan, prim = planned
     assert plan.source["model"] == "tiny-attention"
-    assert plan.primitive_graph().fingerprint() == prim.fingerprint()
-    stale = copy.deepcopy(plan)
+    assert plan.primitive_graph() is plan.primitive_graph()     # the pipeline's graph, held
+    loaded = Plan.from_dict(json.loads(plan.to_json()))          # as read from a file: no graphs
+    again = loaded.primitive_graph()
+    assert again.fingerprint() == prim.fingerprint() and loaded.primitive_graph() is again
+    stale = Plan.from_dict(json.loads(plan.to_json()))
     stale.source["prim_fingerprint"] = "0" * 16
     with pytest.raises(PlanError, match="re-run `tensorplan orchestrate`"):
         stale.primitive_graph()

@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from tensorplan.runtime.plan import Plan
-from tensorplan.workflows.race import finalists, orchestrate_raced, pick_finalist
+from tensorplan.runtime.plan import load_plan
+from tensorplan.workflows.orchestrate import orchestrate
+from tensorplan.workflows.race import pick_finalist
 
 
 @pytest.mark.parametrize("medians, kernels, margin, chosen, fastest", [
@@ -22,35 +23,27 @@ def test_pick_finalist_prefers_fewer_kernels_within_the_margin(medians, kernels,
     assert pick_finalist(medians, kernels, margin) == (chosen, fastest)
 
 
-def test_finalists_are_distinct_alternatives_from_the_same_costs():
-    from tensorplan.workflows.orchestrate import make_cost, orchestrate, resolve_device
-    cm = make_cost("analytical", resolve_device("local"))
-    blp = orchestrate("tiny-attention", cost=cm)
-    cands = finalists("tiny-attention", blp, cm)
-    assert cands["blp"] is blp
-    assert blp.stats["recomputed_primitives"] > 0 and "blp-no-recompute" in cands
-    assert cands["blp-no-recompute"].stats["recomputed_primitives"] == 0
-    assert all(len(p.kernels) != len(blp.kernels) for k, p in cands.items() if k != "blp")
-    assert finalists("tiny-attention", blp, cm, recompute=False).keys() <= {"blp", "fewest-kernels"}
-
-
-def test_orchestrate_raced_keeps_a_measured_winner_that_runs_and_matches_onnxruntime(tmp_path):
-    from tensorplan.runtime.executor import run_plan
-    plan, race = orchestrate_raced("tiny-attention", cost="analytical", rounds=3, burst_s=0.0)
-    assert race is not None and set(race.median_s) >= {"blp", "blp-no-recompute"}
-    assert all(v > 0 for v in race.median_s.values())
-    assert race.chosen == pick_finalist(race.median_s, race.kernels, race.margin)[0]
-    assert len(plan.kernels) == race.kernels[race.chosen]
+def test_the_race_keeps_a_measured_winner_among_distinct_finalists_that_runs_and_matches_ort(tmp_path):
+    plan = orchestrate("tiny-attention", cost="analytical", race_rounds=3, race_burst_s=0.0, race_inductor=False)
+    race = plan.stats["race"]
+    assert set(race["median_ms"]) >= {"blp", "blp-no-recompute"}     # the BLP recomputes: raced without
+    assert all(v > 0 for v in race["median_ms"].values())
+    assert len(set(race["kernels"].values())) == len(race["kernels"])  # alternatives differ from the BLP
+    assert race["chosen"] == pick_finalist(race["median_ms"], race["kernels"], race["margin"])[0]
+    assert len(plan.kernels) == race["kernels"][race["chosen"]]
     assert plan.timing["race_s"] > 0 and plan.timing["total_s"] >= plan.timing["race_s"]
-    loaded = Plan.load(plan.save(tmp_path / "p.json"))
-    assert loaded.stats["race"]["chosen"] == race.chosen
-    res = run_plan(loaded, repeats=3)
+    loaded = load_plan(plan.save(tmp_path / "p.json"))
+    assert loaded.stats["race"]["chosen"] == race["chosen"]
+    res = loaded.run(repeats=3)
     assert res.ok and res.kernels == len(plan.kernels) and not res.fallbacks
+    norec = orchestrate("tiny-attention", cost="analytical", recompute=False, race_rounds=3, race_burst_s=0.0,
+                        race_inductor=False)
+    assert set(norec.stats.get("race", {}).get("median_ms", {})) <= {"blp", "fewest-kernels"}
 
 
-def test_orchestrate_raced_without_race_is_the_blp_plan():
-    plan, race = orchestrate_raced("tiny-attention", cost="analytical", race=False)
-    assert race is None and "race" not in plan.stats and "race_s" not in plan.timing
+def test_without_race_the_plan_is_the_blps():
+    plan = orchestrate("tiny-attention", cost="analytical", race=False)
+    assert "race" not in plan.stats and "race_s" not in plan.timing
 
 
 def test_cli_orchestrate_reports_the_race(tmp_path):
@@ -70,20 +63,18 @@ def test_cli_orchestrate_reports_the_race(tmp_path):
 
 def test_inductor_whole_graph_finalist_runs_and_matches_ort(tmp_path):
     """The whole rewritten graph as one Inductor program: a verified one-kernel plan that
-    `run_plan` executes through the torch runner, joined to the race as 'inductor'."""
-    from tensorplan.workflows.orchestrate import orchestrate
-    from tensorplan.runtime.executor import run_plan
+    `plan.run` executes through the torch runner, joined to the race as 'inductor'."""
     from tensorplan.workflows.race import whole_graph_inductor
-    plan = orchestrate("tiny-cnn", cost="analytical")
-    whole = whole_graph_inductor(plan, plan.primitive_graph())
+    plan = orchestrate("tiny-cnn", cost="analytical", race=False)
+    whole = whole_graph_inductor(plan)
     assert len(whole.kernels) == 1 and whole.kernels[0].backend == "torch-inductor"
     assert whole.predicted_s > 0
     whole.save(tmp_path / "w.json")
-    res = run_plan(tmp_path / "w.json", repeats=5)
+    res = load_plan(tmp_path / "w.json").run(repeats=5)
     assert res.ok and res.backends == {"torch-inductor": 1}
-    kept, race = orchestrate_raced("tiny-cnn", cost="analytical", rounds=3)
-    assert race is not None and "inductor" in race.median_s
-    assert kept.stats["race"]["chosen"] in race.median_s
+    kept = orchestrate("tiny-cnn", cost="analytical", race_rounds=3)
+    race = kept.stats["race"]
+    assert "inductor" in race["median_ms"] and race["chosen"] in race["median_ms"]
 
 
 class _RegionsWin:
@@ -103,17 +94,15 @@ def test_one_session_finalist_is_raced_on_the_other_backend_and_both_run():
     """A plan that is one region kernel gets the same operators on the other region backend (and
     ONNX Runtime at the other thread count); every variant runs and matches ONNX Runtime. A plan of
     several kernels gets no variant."""
-    from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.kernels.openvino import available
-    from tensorplan.runtime.executor import run_plan
     from tensorplan.workflows.race import session_backend_variants, session_thread_variants
-    one = orchestrate("tiny-cnn", cost=_RegionsWin())
+    one = orchestrate("tiny-cnn", cost=_RegionsWin(), race=False)
     assert [(k.kind, k.backend) for k in one.kernels] == [("region", "ort")]
     cands = session_thread_variants(session_backend_variants({"blp": one}), threads=2)
     expected = {"blp", "blp@1t"} | ({"blp@openvino"} if available() else set())
     assert set(cands) == expected
     for name, p in cands.items():
-        res = run_plan(p, repeats=2)
+        res = p.run(repeats=2)
         assert res.ok and not res.fallbacks, (name, res.fallbacks)
         assert res.backends == {p.kernels[0].backend: 1}
     if available():
@@ -122,5 +111,5 @@ def test_one_session_finalist_is_raced_on_the_other_backend_and_both_run():
         assert "spinning" not in ov.kernels[0].schedule
         back = session_backend_variants({"ov": ov})["ov@ort"]     # and back: one spinning session
         assert back.kernels[0].backend == "ort" and back.kernels[0].schedule["spinning"] is True
-    many = orchestrate("tiny-cnn", cost="analytical")
+    many = orchestrate("tiny-cnn", cost="analytical", race=False)
     assert len(many.kernels) > 1 and set(session_backend_variants({"blp": many})) == {"blp"}

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import assert_close, onnx_model
 from tensorplan.ir.onnx_import import import_onnx
 from tensorplan.ir.reference import OPS, rel_error, run_reference
 from tensorplan.ir.to_onnx import graph_to_onnx, run_onnxruntime
@@ -246,8 +247,7 @@ def test_graph_to_onnx_roundtrip(case):
     feeds = {f"in{k}": s.sample(rng) for k, s in enumerate(inputs) if isinstance(s, In)}
     a = run_onnxruntime(model, feeds)
     b = run_onnxruntime(exported, feeds)
-    for name in graph.outputs:
-        assert rel_error(b[name], a[name]) <= TOL
+    assert_close(b, a, TOL, graph.outputs, what=cid)
 
 
 def test_graph_to_onnx_converts_axes_forms_between_opsets():
@@ -297,10 +297,7 @@ def test_maxpool_on_quantized_tensors_matches_onnxruntime(dtype):
     """Quantized models (QOperator format) max-pool int8/uint8 tensors; padding must not be -inf."""
     et = TensorProto.INT8 if dtype == np.int8 else TensorProto.UINT8
     node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", et, [1, 4, 9, 9])],
-                          [helper.make_tensor_value_info("y", et, None)])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
+    m = onnx_model([node], {"x": [1, 4, 9, 9]}, ["y"], name="g", elem_type=et)
     info = np.iinfo(dtype)
     x = np.random.default_rng(0).integers(info.min, info.max, (1, 4, 9, 9)).astype(dtype)
     got = run_reference(import_onnx(m), {"x": x})["y"]

@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import FixedDevice, assert_close
 from tensorplan.cost import AnalyticalCost
 from tensorplan.errors import PlanError
 from tensorplan.korch.fission import category, fission
-from tensorplan.ir.reference import rel_error, run_reference
+from tensorplan.ir.reference import run_reference
 from tensorplan.ir.to_onnx import run_onnxruntime
 from tensorplan.workflows.orchestrate import orchestrate
 from tensorplan.runtime.plan import verify
@@ -20,14 +21,6 @@ from tensorplan.korch.regions import NORM_OPS, enumerate_regions, intervals, seg
 zoo = pytest.importorskip("tensorplan.zoo")
 
 MODELS = ["tiny-cnn", "tiny-attention", "tiny-convnext-ish"]
-
-
-class FixedDevice:
-    name, kind, peak_fp32_gflops, mem_bw_gbs = "fixed-cpu", "cpu", 100.0, 20.0
-
-    def to_dict(self):
-        return {"name": self.name, "kind": self.kind, "peak_fp32_gflops": self.peak_fp32_gflops,
-                "mem_bw_gbs": self.mem_bw_gbs}
 
 
 class RegionFriendlyCost:
@@ -95,8 +88,7 @@ def test_region_candidates_are_convex_and_match_their_primitives(model):
         ins = {i: rng.standard_normal(prim.tensors[i].shape).astype(prim.tensors[i].dtype) for i in r.inputs}
         got = run_onnxruntime(src, ins, threads=1)
         want = run_reference(sub, ins)
-        for o in r.outputs:
-            assert rel_error(got[o], want[o]) <= 1e-4, (model, r.span, o)
+        assert_close(got, want, 1e-4, r.outputs, what=f"{model} {r.span}")
 
 
 def test_analytical_cost_leaves_regions_out():
@@ -110,7 +102,6 @@ def test_analytical_cost_leaves_regions_out():
 
 @pytest.mark.parametrize("model", ["tiny-cnn", "tiny-attention"])
 def test_cheap_regions_are_chosen_merged_and_run_correctly(model):
-    from tensorplan.runtime.executor import run_plan
     plan = orchestrate(model, device=FixedDevice(), cost=RegionFriendlyCost())
     prim = plan.primitive_graph()
     verify(plan, prim)
@@ -124,7 +115,7 @@ def test_cheap_regions_are_chosen_merged_and_run_correctly(model):
     for a, b in zip(ordered, ordered[1:]):
         if a.kind == b.kind == "region":
             assert a.schedule["span"][1] != b.schedule["span"][0]
-    res = run_plan(plan, prim=prim, repeats=3)
+    res = plan.run(repeats=3)
     assert res.ok, res.errors
     assert res.backends.get("ort", 0) >= len(regions)
 
@@ -159,7 +150,7 @@ def test_region_kernel_without_operators_is_a_clear_error():
 
 def test_race_plans_times_each_plan_end_to_end_and_names_the_faster():
     from tensorplan.ir.reference import random_feeds
-    from tensorplan.runtime.executor import race_plans
+    from tensorplan.workflows.race import race_plans
     fused = orchestrate("tiny-cnn", device=FixedDevice(), cost="analytical")
     unfused = orchestrate("tiny-cnn", device=FixedDevice(), cost="analytical", method="none")
     prim = fused.primitive_graph()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
+from conftest import assert_close, onnx_model
 from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir import analysis
 from tensorplan.ir.onnx_import import import_onnx
-from tensorplan.ir.reference import rel_error
+from tensorplan.ir.reference import random_feeds
 from tensorplan.ir.to_onnx import run_onnxruntime
 from tensorplan.rewrite import output_phase_factor, rewrite
 
@@ -47,27 +48,14 @@ def decoder_model(kernel: int = 1, down: bool = False):
         helper.make_node("Relu", ["conv"], ["y"], name="relu"),
     ]
     inputs = {"hi": (1, c, h, h), "lo": (1, c, lo, lo), "mid": (1, c, h // 2, h // 2), "hi2": (1, c, h, h)}
-    g = helper.make_graph(
-        nodes, "decoder",
-        [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
-    return m
-
-
-def _feeds(g, seed=0):
-    rng = np.random.default_rng(seed)
-    return {i: rng.standard_normal(g.tensors[i].shape).astype(np.float32) for i in g.inputs}
+    return onnx_model(nodes, inputs, ["y"], inits, name="decoder")
 
 
 def _same_outputs(a, b, feeds, tol=TOL):
-    want = run_onnxruntime(a, feeds)
-    got = run_onnxruntime(b, feeds)
+    """Graphs `a` and `b` give the same outputs in ONNX Runtime."""
+    want, got = run_onnxruntime(a, feeds), run_onnxruntime(b, feeds)
     assert set(got) == set(want)
-    for k in want:
-        assert rel_error(got[k], want[k]) <= tol, (k, rel_error(got[k], want[k]))
+    assert_close(got, want, tol)
 
 
 def test_decoder_head_is_rewritten_exactly_and_loses_flops():
@@ -81,7 +69,7 @@ def test_decoder_head_is_rewritten_exactly_and_loses_flops():
     # the nearest resize had a `sizes` input: its channel count now is the conv's output channels
     rs = [n for n in r.graph.nodes if n.op == "Resize" and n.attrs.get("mode") in (b"nearest", "nearest")][0]
     assert r.graph.tensors[rs.inputs[3]].data.tolist() == [1, 6, 16, 16]
-    _same_outputs(g, r.graph, _feeds(g))
+    _same_outputs(g, r.graph, random_feeds(g))
     assert r.graph is not g and len(g.nodes) == 6  # the input graph is left alone
 
 
@@ -93,7 +81,7 @@ def test_rules_do_not_fire_where_they_would_be_wrong():
     gd = import_onnx(decoder_model(down=True))
     r = rewrite(gd)
     assert r.counts.get("conv_before_resize", 0) == 1  # only the nearest x2 part
-    _same_outputs(gd, r.graph, _feeds(gd))
+    _same_outputs(gd, r.graph, random_feeds(gd))
     # rules can be switched off one by one; unknown names are rejected
     g = import_onnx(decoder_model())
     assert rewrite(g, rules=("identity_resize",)).counts == {"identity_resize": 1}
@@ -118,7 +106,7 @@ def test_zoo_decoder_rewrites_match_onnxruntime(model, counts, flops_below):
     r = rewrite(g)
     assert r.counts == counts
     assert analysis.graph_flops(r.graph) < flops_below * analysis.graph_flops(g)
-    _same_outputs(g, r.graph, _feeds(g), tol=1e-4)
+    _same_outputs(g, r.graph, random_feeds(g), tol=1e-4)
 
 
 def test_plan_records_rewrites_runs_them_and_rejects_a_mismatch(tmp_path):
@@ -169,12 +157,7 @@ def upsample_conv_model(opset=17, mode="nearest", ctm="asymmetric", nearest_mode
     nodes += [helper.make_node("Conv", [conv_in, "w", "b"], ["conv"], name="conv", pads=conv_pads,
                                kernel_shape=[3, 3], strides=[stride, stride]),
               helper.make_node("Relu", ["conv"], ["y"], name="relu")]
-    g = helper.make_graph(nodes, "upconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(v, n) for n, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
+    return onnx_model(nodes, {"x": [1, c, h, h]}, ["y"], inits, name="upconv", opset=opset)
 
 
 @pytest.mark.parametrize("kw", [
@@ -194,7 +177,7 @@ def test_upsample_conv_phases_is_exact_and_saves_flops(kw):
     assert r.graph.tensors[conv.inputs[1]].shape == (28, 5, 2, 2)
     # 16 multiply-adds per low-res pixel instead of 36 (times (7/6)^2: the phase grid is (h+1)^2)
     assert analysis.graph_flops(r.graph) < 0.65 * analysis.graph_flops(g)
-    _same_outputs(g, r.graph, _feeds(g))
+    _same_outputs(g, r.graph, random_feeds(g))
 
 
 @pytest.mark.parametrize("kw", [
@@ -235,12 +218,7 @@ def conv3x3_model(n=1, c=6, k=5, h=9, w=11, pads=(1, 1, 1, 1), bias=True, stride
     nodes = [helper.make_node("Conv", ins, ["conv"], name="conv", pads=list(pads), kernel_shape=[kernel, kernel],
                               strides=[stride, stride], group=group),
              helper.make_node("Relu", ["conv"], ["y"], name="relu")]
-    g = helper.make_graph(nodes, "conv3x3", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(v, nm) for nm, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return onnx_model(nodes, {"x": [n, c, h, w]}, ["y"], inits, name="conv3x3")
 
 
 @pytest.mark.parametrize("kw", [
@@ -261,7 +239,7 @@ def test_winograd_is_exact_on_named_convs(kw):
     assert ops.count("MatMul") == 2 and ops.count("DepthToSpace") == 1
     gemm = next(n for n in r.graph.nodes if n.op == "MatMul")
     assert r.graph.tensors[gemm.inputs[0]].shape == (36, 5, 6)   # 36 transform points x K x C
-    _same_outputs(g, r.graph, _feeds(g), tol=1e-4)
+    _same_outputs(g, r.graph, random_feeds(g), tol=1e-4)
 
 
 @pytest.mark.parametrize("kw", [{"stride": 2}, {"group": 2}, {"kernel": 5, "pads": (2, 2, 2, 2)},
@@ -289,7 +267,7 @@ def mish_model(as_op: bool = False, shared_tanh: bool = False):
     """Conv -> Mish, written as the ONNX Mish op (opset 18) or as the Softplus -> Tanh -> Mul
     chain exporters emit; `shared_tanh` gives the Tanh a second consumer (the rule must not fire)."""
     rng = np.random.default_rng(1)
-    inits = [numpy_helper.from_array(4 * rng.standard_normal((6, 3, 3, 3)).astype(np.float32), "w")]
+    inits = {"w": 4 * rng.standard_normal((6, 3, 3, 3)).astype(np.float32)}
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1])]
     if as_op:
         nodes.append(helper.make_node("Mish", ["c"], ["y"], name="mish"))
@@ -297,14 +275,8 @@ def mish_model(as_op: bool = False, shared_tanh: bool = False):
         nodes += [helper.make_node("Softplus", ["c"], ["sp"], name="sp"),
                   helper.make_node("Tanh", ["sp"], ["t"], name="tanh"),
                   helper.make_node("Mul", ["t", "c"], ["y"], name="mul")]
-    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
-    if shared_tanh:
-        outs.append(helper.make_tensor_value_info("t", TensorProto.FLOAT, None))
-    g = helper.make_graph(nodes, "mish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
-                          outs, inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18 if as_op else 17)])
-    m.ir_version = 9
-    return m
+    outs = ["y", "t"] if shared_tanh else ["y"]
+    return onnx_model(nodes, {"x": [1, 3, 12, 12]}, outs, inits, name="mish", opset=18 if as_op else 17)
 
 
 @pytest.mark.parametrize("as_op", [False, True])
@@ -315,7 +287,7 @@ def test_mish_becomes_vectorizable_operators_exactly(as_op):
     ops = [n.op for n in r.graph.nodes]
     assert not {"Softplus", "Tanh", "Mish"} & set(ops) and ops.count("Sigmoid") == 1
     # conv outputs span about +-60: both tails (sigmoid saturated, exp underflowed) are hit
-    feeds = _feeds(g)
+    feeds = random_feeds(g)
     assert np.abs(run_onnxruntime(g, feeds)["y"]).max() > 30
     _same_outputs(g, r.graph, feeds, tol=2e-6)
 
@@ -349,12 +321,7 @@ def focus_model(one_slice: bool = False, phases=((0, 0), (1, 0), (0, 1), (1, 1))
         parts.append(f"p{k}")
     nodes += [helper.make_node("Concat", parts, ["cat"], axis=1, name="cat"),
               helper.make_node("Conv", ["cat", "w", "b"], ["y"], name="stem", pads=list(pads), strides=[stride] * 2)]
-    g = helper.make_graph(nodes, "focus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 20])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
-    return m
+    return onnx_model(nodes, {"x": [1, 3, 16, 20]}, ["y"], inits, name="focus")
 
 
 @pytest.mark.parametrize("kw", [{}, {"one_slice": True, "phases": ((1, 1), (0, 0), (0, 1), (1, 0))},
@@ -367,7 +334,7 @@ def test_focus_stem_becomes_one_strided_conv_exactly(kw):
     conv = r.graph.nodes[0]
     assert list(conv.attrs["strides"]) == [2, 2] and list(conv.attrs["kernel_shape"]) == [6, 6]
     assert analysis.graph_flops(r.graph) == pytest.approx(analysis.graph_flops(g), rel=0.01)
-    _same_outputs(g, r.graph, _feeds(g))
+    _same_outputs(g, r.graph, random_feeds(g))
 
 
 @pytest.mark.parametrize("kw", [{"phases": ((0, 0), (1, 0), (0, 1), (0, 1))}, {"stride": 2}])
@@ -381,7 +348,7 @@ def test_yolox_focus_stem_and_head_rewrite_match_onnxruntime():
     r = rewrite(g)
     assert r.counts == {"split_concat_conv": 4, "conv_before_resize": 4, "focus_conv": 1}
     assert "Slice" not in {n.op for n in r.graph.nodes if n.name.startswith("/stem")}
-    _same_outputs(g, r.graph, _feeds(g), tol=1e-4)
+    _same_outputs(g, r.graph, random_feeds(g), tol=1e-4)
 
 
 @pytest.mark.parametrize("kw, s", [
@@ -399,7 +366,7 @@ def test_few_channel_conv_becomes_output_phases_exactly(kw, s):
     k = kw["kernel"]
     assert list(conv.attrs["strides"]) == [s, s] and list(conv.attrs["kernel_shape"]) == [k + s - 1] * 2
     assert r.graph.tensors[conv.inputs[1]].shape[0] == s * s * kw["k"] and d2s.attrs["blocksize"] == s
-    _same_outputs(g, r.graph, _feeds(g))
+    _same_outputs(g, r.graph, random_feeds(g))
 
 
 @pytest.mark.parametrize("kw", [
@@ -440,14 +407,8 @@ def token_decoder_model(c=6, cm=8, co=5, h=4, w=3, spelling="flatten", share=Fal
     nodes = to_tok + [mk("MatMul", ["tok", "wp"], ["mm"]), mk("Add", ["bp", "mm"], ["lin"]),
                       mk("Transpose", ["lin"], ["lt"], perm=[0, 2, 1]), mk("Reshape", ["lt", "s4"], ["img"]),
                       mk("Conv", ["img", "wf", "bf"] if conv_bias else ["img", "wf"], ["y"], kernel_shape=[1, 1])]
-    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
-    if share:
-        outs.append(helper.make_tensor_value_info("lin", TensorProto.FLOAT, None))
-    g = helper.make_graph(nodes, "token_decoder", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
-                          outs, [numpy_helper.from_array(v, nm) for nm, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    outs = ["y", "lin"] if share else ["y"]
+    return onnx_model(nodes, {"x": [1, c, h, w]}, outs, inits, name="token_decoder")
 
 
 @pytest.mark.parametrize("kw", [{}, {"spelling": "nhwc"}, {"conv_bias": False}, {"c": 8, "cm": 8, "co": 8}])
@@ -457,7 +418,7 @@ def test_token_projection_and_fuse_conv_fold_into_one_conv(kw):
     assert r.counts == {"token_linear_conv": 1}
     assert [n.op for n in r.graph.nodes] == ["Conv"] and r.graph.nodes[0].inputs[0] == "x"
     assert analysis.graph_flops(r.graph) < analysis.graph_flops(g)
-    _same_outputs(g, r.graph, _feeds(g))
+    _same_outputs(g, r.graph, random_feeds(g))
 
 
 @pytest.mark.parametrize("kw", [{"spelling": "hw_swapped"}, {"share": True},
@@ -489,12 +450,7 @@ def mix_ffn_model(c=4, cm=12, h=5, w=6, channel_scale=False):
         nodes.append(mk("Mul", ["gelu", "scale"], ["scaled"]))
         last = "scaled"
     nodes += [mk("MatMul", [last, "w2"], ["f2"]), mk("Add", ["b2", "f2"], ["y"])]
-    g = helper.make_graph(nodes, "mix_ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, h * w, c])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(v, nm) for nm, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return onnx_model(nodes, {"x": [1, h * w, c]}, ["y"], inits, name="mix_ffn")
 
 
 def test_mix_ffn_linears_move_to_the_narrow_side_of_the_layout_changes():
@@ -505,7 +461,7 @@ def test_mix_ffn_linears_move_to_the_narrow_side_of_the_layout_changes():
     assert "MatMul" not in ops and ops.count("Conv") == 3
     # every Transpose now moves the 4 narrow channels, not the 12 wide ones
     assert all(4 in r.graph.tensors[n.inputs[0]].shape for n in r.graph.nodes if n.op == "Transpose")
-    _same_outputs(g, r.graph, _feeds(g))
+    _same_outputs(g, r.graph, random_feeds(g))
 
 
 def test_token_linear_as_conv_keeps_per_channel_constants_and_narrowing_fc1_in_token_layout():
@@ -526,7 +482,7 @@ def test_linear_attention_runs_channel_major_exactly_and_only_on_the_full_patter
     assert r.counts.get("linear_attention_channel_major") == 7
     ops = lambda gr: [n.op for n in gr.nodes].count("Transpose")  # noqa: E731
     assert (ops(g), ops(r.graph)) == (21, 7)
-    _same_outputs(g, r.graph, _feeds(g), tol=1e-4)
+    _same_outputs(g, r.graph, random_feeds(g), tol=1e-4)
     h = g.copy()
     relu_k = next(n for n in h.nodes if n.name.endswith("backbone.8/context/Relu_1"))
     h.outputs.append(relu_k.outputs[0])                       # k is now also a graph output

@@ -26,3 +26,12 @@ def test_run_all_rejects_unknown_steps():
     r = subprocess.run([sys.executable, "bench/run_all.py", "--only", "nope"], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode != 0 and "unknown step" in r.stderr
+
+
+def test_run_all_runs_the_benchmarks_not_the_experiments():
+    """The CDMPP experiments have their own runner (research/run_experiments.py); `make bench` runs
+    only scripts in bench/."""
+    out = subprocess.run([sys.executable, "bench/run_all.py", "--list"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    scripts = [w for ln in out.splitlines() for w in ln.split() if w.endswith(".py")]
+    assert scripts and all(w.startswith("bench/") for w in scripts) and not any("cdmpp" in w for w in scripts)

@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -22,13 +21,6 @@ from tensorplan.measure.timer import Timing, measure
 
 def _timing(x: float) -> Timing:
     return Timing.from_repeats([x, x * 1.01, x * 0.99], warmup=1, method="synthetic for a store test")
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "s.sqlite")
-    yield s
-    s.close()
 
 
 def test_wal_mode_and_schema(store):

@@ -4,10 +4,10 @@ CPU here; the CUDA test runs where a GPU exists (bench/korch_gpu.py is the measu
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 
+from conftest import ort_outputs
 from tensorplan.errors import UnsupportedOperatorError
 from tensorplan import zoo
 from tensorplan.korch.fission import fission
@@ -23,11 +23,6 @@ def _prim(name: str) -> tuple[Graph, Graph]:
     return g, fission(rewrite(g).graph).graph
 
 
-def _ort(name: str, feeds):
-    s = ort.InferenceSession(str(zoo.export(name)), providers=["CPUExecutionProvider"])
-    return s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})
-
-
 @pytest.mark.parametrize("name", ["candy", "yolox-nano", "segformer-b0", "bert-base"])
 def test_whole_primitive_graph_matches_onnxruntime(name):
     """Every primitive op the zoo's fission emits (Resize, Pad, Slice, Gather, Conv, ...) runs in torch."""
@@ -35,7 +30,7 @@ def test_whole_primitive_graph_matches_onnxruntime(name):
     assert {n.op for n in prim.nodes} <= supported_ops()
     feeds = random_feeds(g)
     out = run_graph(prim, feeds)
-    ref = _ort(name, feeds)
+    ref = ort_outputs(zoo.export(name), feeds)
     for o, r in zip(prim.outputs, ref):
         assert rel_error(out[o], r) <= 1e-4
 
@@ -79,7 +74,7 @@ def test_torch_cost_plan_and_runner_on_cpu():
     g = zoo.load("tiny-cnn")
     feeds = random_feeds(g)
     out = r.outputs_numpy(r.run(feeds))
-    ref = _ort("tiny-cnn", feeds)
+    ref = ort_outputs(zoo.export("tiny-cnn"), feeds)
     assert rel_error(out[r.prim.outputs[0]], ref[0]) <= 1e-4
     r.bind(feeds)
     again = r.outputs_numpy(r.replay())
@@ -88,8 +83,6 @@ def test_torch_cost_plan_and_runner_on_cpu():
 
 @pytest.mark.gpu
 def test_plan_on_cuda_as_one_graph_matches_onnxruntime():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
     from tensorplan.cost.torch_device import TorchDeviceCost
     from tensorplan.workflows.orchestrate import orchestrate
     from tensorplan.runtime.torch_runner import TorchPlanRunner
@@ -101,7 +94,7 @@ def test_plan_on_cuda_as_one_graph_matches_onnxruntime():
     feeds = random_feeds(g)
     r.bind(feeds)
     out = r.outputs_numpy(r.replay())
-    assert rel_error(out[r.prim.outputs[0]], _ort("tiny-style", feeds)[0]) <= 1e-4
+    assert rel_error(out[r.prim.outputs[0]], ort_outputs(zoo.export("tiny-style"), feeds)[0]) <= 1e-4
 
 
 def test_cli_orchestrate_and_run_a_torch_plan(tmp_path):

@@ -202,10 +202,9 @@ def test_bert_int_inputs_in_vocab_range():
     assert ids.dtype == torch.int64 and ids.shape == (1, 128) and 0 <= int(ids.min()) and int(ids.max()) < 30522
 
 
-def test_export_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TENSORPLAN_CACHE", str(tmp_path))
+def test_export_cache(tmp_cache, monkeypatch):
     p = zoo.export("tiny-mlp", opset=11)
-    assert p == tmp_path / "zoo" / "tiny-mlp-opset11.onnx" and p.exists()
+    assert p == tmp_cache / "zoo" / "tiny-mlp-opset11.onnx" and p.exists()
     onnx.checker.check_model(str(p))
     first = p.read_bytes()
     mtime = p.stat().st_mtime_ns
@@ -217,22 +216,20 @@ def test_export_cache(tmp_path, monkeypatch):
     zoo.export("tiny-mlp", opset=11)
     assert p.stat().st_mtime_ns != mtime  # a new code version invalidates the cached file
     assert json.loads(p.with_suffix(".json").read_text())["key"]["zoo_version"] == zoo.ZOO_VERSION
-    assert not [f for f in (tmp_path / "zoo").iterdir() if f.name.endswith(".tmp")]
+    assert not [f for f in (tmp_cache / "zoo").iterdir() if f.name.endswith(".tmp")]
 
 
-def test_load_returns_graph(tmp_path, monkeypatch):
-    monkeypatch.setenv("TENSORPLAN_CACHE", str(tmp_path))
+def test_load_returns_graph(tmp_cache):
     g = zoo.load("tiny-cnn", opset=17)
     assert g.input_shapes() == {"input": (1, 3, 32, 32)}
     assert "Conv" in {n.op for n in g.nodes}
 
 
-def test_cli_list_and_export(tmp_path, monkeypatch):
+def test_cli_list_and_export(tmp_path, tmp_cache):
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
 
-    monkeypatch.setenv("TENSORPLAN_CACHE", str(tmp_path))
     runner = CliRunner()
     r = runner.invoke(app, ["zoo", "list", "--json", "--tag", "test"])
     assert r.exit_code == 0, r.output

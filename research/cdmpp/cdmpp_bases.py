@@ -17,8 +17,8 @@ With --tasks REGEX it also lists, per matching task (by name), the median of lat
 under the fitted hierarchy estimate and the networks the task occurs in: e.g. which layout kernels
 run near their estimate and which far above it.
 
-Usage: python bench/cdmpp_bases.py [--devices local-1t,local-2t] [--tasks 'strided_slice|concatenate']
-Writes bench/results/cdmpp_bases.json.
+Usage: python research/cdmpp/cdmpp_bases.py [--devices local-1t,local-2t] [--tasks 'strided_slice|concatenate']
+Writes research/cdmpp/results/cdmpp_bases.json.
 """
 from __future__ import annotations
 
@@ -37,14 +37,15 @@ def _spread(lat: np.ndarray, est: np.ndarray, task_spread) -> dict:
 
 def main(devices: str = typer.Option("local-1t,local-2t", "--devices", help="Device domains to score, each alone."),
          tasks: str = typer.Option("", "--tasks", help="Regex on task names: list their median latency / estimate."),
-         out: Path = typer.Option(Path("bench/results/cdmpp_bases.json"), "--out")) -> None:
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_bases.json"), "--out")) -> None:
     import re
 
-    from tensorplan.cdmpp.model import TaskSpread, as_arrays, device_peak_bw, fit_cache_ratio, hierarchy_parts, hierarchy_seconds, roofline_seconds
+    from tensorplan.cdmpp.analytic import TaskSpread, device_peak_bw, fit_cache_ratio, hierarchy_parts, hierarchy_seconds, roofline_seconds
+    from tensorplan.cdmpp.arrays import as_arrays
     from tensorplan.cdmpp.dataset import load_dataset
 
     full = load_dataset().filter_stable(0.01, metric="mad")
-    res: dict = {"command": "python bench/cdmpp_bases.py --devices " + devices + (f" --tasks '{tasks}'" if tasks else ""),
+    res: dict = {"command": "python research/cdmpp/cdmpp_bases.py --devices " + devices + (f" --tasks '{tasks}'" if tasks else ""),
                  "domains": {}}
     for dev in [d for d in devices.split(",") if d]:
         ds = full.only_devices([dev])

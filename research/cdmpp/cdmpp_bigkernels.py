@@ -3,7 +3,7 @@
 Why: collection skips programs slower than 0.1 s per call (`max_kernel_s`), so no model has seen
 one. A user's untuned big convolutions are exactly such programs: on the Zen 4 and Zen 3 hosts the
 3 and 11 kernels over 0.1 s carry two thirds of segformer-b0's and YOLOv4's measured time, and
-the shipped model puts them at a median 0.15-0.27x (`bench/cdmpp_predict_check.py`, docs/cdmpp.md, *Checked on
+the shipped model puts them at a median 0.15-0.27x (`research/cdmpp/cdmpp_predict_check.py`, research/notes/cdmpp.md, *Checked on
 the user's CPU*). The predictions saturate near the largest label they learnt.
 
 A second collection pass times what the first skipped: the programs the export does not hold
@@ -12,7 +12,7 @@ A second collection pass times what the first skipped: the programs the export d
     tensorplan predictor dataset collect --prefix zen4 --max-kernel-ms 2000 --min-task-flops 1e8 \\
         --exclude-data data/cdmpp --programs-per-task 24 --store ~/.cache/tensorplan/big-zen4.sqlite
     tensorplan predictor dataset export --store ~/.cache/tensorplan/big-zen4.sqlite --out data/cdmpp-big-zen4
-    python bench/cdmpp_bigkernels.py --extra data/cdmpp-big-zen4 --devices zen4-1t,zen4-2t
+    python research/cdmpp/cdmpp_bigkernels.py --extra data/cdmpp-big-zen4 --devices zen4-1t,zen4-2t
 
 Each model and seed is trained twice on the domains `--devices` (+ `--also-train`), without and
 with the big records, always without the tasks of the `--holdout` networks. Both then predict every
@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import typer
 
-OUT = Path("bench/results/cdmpp_bigkernels.jsonl")
-CHECK = Path("bench/results/cdmpp_predict_check.jsonl")
+OUT = Path("research/cdmpp/results/cdmpp_bigkernels.jsonl")
+CHECK = Path("research/cdmpp/results/cdmpp_predict_check.jsonl")
 BIG_S = 0.1                       # the dataset's collection cap: kernels above it are "big"
 
 
@@ -86,10 +86,12 @@ def score(pred_s: np.ndarray, keys: list[str], calls: np.ndarray, measured: dict
 
 
 def train_model(tr_ds, name: str, seed: int, time_scale: float):
-    """One harness model (`evaluate.make_model`) trained on `tr_ds` -> (estimator, train info)."""
-    from tensorplan.cdmpp import evaluate as E
+    """One harness model (`cdmpp_variants.harness.make_model`) trained on `tr_ds` -> (estimator, train info)."""
     from tensorplan.cdmpp.model import train
-    return train(tr_ds, seed=seed, make=lambda s: E.make_model(name, time_scale=time_scale, seed=s))
+
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import make_model
+    return train(tr_ds, seed=seed, make=lambda s: make_model(name, time_scale=time_scale, seed=s))
 
 
 def run(extra: str, devices: list[str], also: list[str], holdout: list[str], models: list[str], seeds: list[int],

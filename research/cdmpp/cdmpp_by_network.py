@@ -11,9 +11,9 @@ killed run resumes where it stopped; `--shard I/N` runs every N-th network from 
 processes (one torch thread each) share a 2-core machine. `--summary` reads the JSONL and writes
 the per-network table (JSON + PNG).
 
-    python bench/cdmpp_by_network.py --models xgboost,cdmpp --time-scale 0.625 --shard 0/2 &
-    python bench/cdmpp_by_network.py --models xgboost,cdmpp --time-scale 0.625 --shard 1/2
-    python bench/cdmpp_by_network.py --summary
+    python research/cdmpp/cdmpp_by_network.py --models xgboost,cdmpp --time-scale 0.625 --shard 0/2 &
+    python research/cdmpp/cdmpp_by_network.py --models xgboost,cdmpp --time-scale 0.625 --shard 1/2
+    python research/cdmpp/cdmpp_by_network.py --summary
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-OUT = Path("bench/results/cdmpp_by_network.jsonl")
+OUT = Path("research/cdmpp/results/cdmpp_by_network.jsonl")
 
 
 def _key(r: dict) -> tuple:
@@ -49,6 +49,9 @@ def run(models: list[str], seed: int, time_scale: float, devices: list[str], sha
     from tensorplan.cdmpp.dataset import load_dataset
     from tensorplan.cdmpp.evaluate import EvalData, machine_info, network_error, network_split, score_on_network_split
 
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import VariantHarness
+
     torch.set_num_threads(1)
     raw = data if data is not None and not isinstance(data, (str, Path)) else load_dataset(data)
     ds = raw.only_devices(devices).filter_stable(max_cov=0.01, metric="mad")
@@ -70,7 +73,8 @@ def run(models: list[str], seed: int, time_scale: float, devices: list[str], sha
             if _key(rec) in done:
                 continue
             t0 = time.time()
-            m = score_on_network_split(name, D, [net], split, quick=quick, time_scale=time_scale, seed=seed)
+            m = score_on_network_split(name, D, [net], split, quick=quick, time_scale=time_scale, seed=seed,
+                                       harness=VariantHarness())
             rec.update(n_train=len(split[0]), n_test=len(split[2]),
                        n_test_tasks=int(len(np.unique(split[2].task_key))), metrics=m, cpu=cpu,
                        loadavg=list(os.getloadavg()), wall_s=time.time() - t0, created=time.time())

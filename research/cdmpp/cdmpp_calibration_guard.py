@@ -3,7 +3,7 @@
 Why: `calibrate` fits a boosted-tree correction of log(here / collection-CPU prediction) on ~160
 programs timed on the user's CPU. It always fits its own samples better, yet on the collection
 CPU's own type (a Zen 5 VM, 2026-11-29) it made the predict check's kernels worse: 28.9 -> 35.6 %
-MAPE (docs/cdmpp.md). So `calibrate_here` now checks the correction on tasks it was not fitted on
+MAPE (research/notes/cdmpp.md). So `calibrate_here` now checks the correction on tasks it was not fitted on
 (`local_calibration.held_out_check`, 5 task folds) against the model as `predict` uses it there
 (this CPU's device vector) and installs it only where it wins.
 
@@ -15,7 +15,7 @@ domain's records of every other task: was the decision right?
   decline;
 - unlearnt CPUs (zen3-1t/2t, the 16-core Xeon's gpuhost-1t): it should install where it helps.
 
-    python bench/cdmpp_calibration_guard.py            # ~2 min; -> bench/results/cdmpp_calibration_guard.json
+    python research/cdmpp/cdmpp_calibration_guard.py            # ~2 min; -> research/cdmpp/results/cdmpp_calibration_guard.json
 """
 from __future__ import annotations
 
@@ -26,14 +26,15 @@ from pathlib import Path
 import numpy as np
 import typer
 
-OUT = Path("bench/results/cdmpp_calibration_guard.json")
+OUT = Path("research/cdmpp/results/cdmpp_calibration_guard.json")
 DOMAINS = ["local-1t", "local-2t", "zen4-1t", "zen4-2t", "zen3-1t", "zen3-2t", "gpuhost-1t"]
 
 
 def one(ds, est, dom: str, seed: int, n_tasks: int, per_task: int) -> dict:
     """The guard's decision for domain `dom` with selection seed `seed`, and whether it was right."""
     from tensorplan.cdmpp.calibrate import Calibrated
-    from tensorplan.cdmpp.model import as_arrays, device_features, regression_metrics
+    from tensorplan.cdmpp.arrays import as_arrays, device_features
+    from tensorplan.cdmpp.metrics import regression_metrics
     from tensorplan.cdmpp.finetune import programs_of_tasks, select_tasks_kmeans
     from tensorplan.cdmpp.local_calibration import held_out_check
 
@@ -92,7 +93,7 @@ def main(domains: str = typer.Option(",".join(DOMAINS), help="Dataset CPU domain
                    "test_mape_calibrated": med(r["test_mape_calibrated"] for r in rs),
                    "test_mape_with_guard": med(r["test_mape_with_guard"] for r in rs)}
                for d in dict.fromkeys(r["domain"] for r in rows) for rs in [[r for r in rows if r["domain"] == d]]}
-    out.write_text(json.dumps({"command": "python bench/cdmpp_calibration_guard.py", "n_tasks": n_tasks,
+    out.write_text(json.dumps({"command": "python research/cdmpp/cdmpp_calibration_guard.py", "n_tasks": n_tasks,
                                "per_task": per_task, "summary": summary, "runs": rows}, indent=1))
     print(json.dumps(summary, indent=1))
 

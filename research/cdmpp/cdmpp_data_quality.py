@@ -22,11 +22,11 @@ import typer
 
 
 def main(data: Path = typer.Option(None, "--data", help="Exported dataset directory (default: data/cdmpp)."),
-         out: Path = typer.Option(Path("bench/results/cdmpp_data_quality.json"), "--out", help="JSON output."),
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_data_quality.json"), "--out", help="JSON output."),
          seed: int = typer.Option(0, "--seed")) -> None:
     import xgboost as xgb
 
-    from tensorplan.cdmpp.model import as_arrays
+    from tensorplan.cdmpp.arrays import as_arrays
     from tensorplan.cdmpp.dataset import load_dataset
 
     ds = load_dataset(data)

@@ -2,7 +2,7 @@
 
 Why: on held-out networks the predictors' largest errors are data-movement kernels (on the
 harness split they are 12 % of `xgboost-hier`'s test records and 37 % of its summed APE, the worst
-being small strided slices predicted 4-13x too slow; `--breakdown`, docs/cdmpp.md, *Data-movement
+being small strided slices predicted 4-13x too slow; `--breakdown`, research/notes/cdmpp.md, *Data-movement
 coverage*). The zoo networks hold few such kernels, at few sizes. `datamove-grid` (zoo/synthetic.py) is 144 of
 them: nine layout patterns on sixteen shapes, none of them a kernel of the dataset's networks.
 
@@ -13,7 +13,7 @@ own dataset directory:
     tensorplan predictor dataset collect --networks datamove-grid --prefix zen4 --programs-per-task 8 \\
         --store ~/.cache/tensorplan/datamove-zen4.sqlite
     tensorplan predictor dataset export --store ~/.cache/tensorplan/datamove-zen4.sqlite --out data/cdmpp-datamove-zen4
-    python bench/cdmpp_datamove.py --extra data/cdmpp-datamove-zen4 --devices zen4-1t,zen4-2t
+    python research/cdmpp/cdmpp_datamove.py --extra data/cdmpp-datamove-zen4 --devices zen4-1t,zen4-2t
 
 Each model and seed is trained twice on the held-out-network split of those domains (the harness's
 three networks by default), once without and once with the grid's records, and scored on the same
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-OUT = Path("bench/results/cdmpp_datamove.jsonl")
+OUT = Path("research/cdmpp/results/cdmpp_datamove.jsonl")
 HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"
 COMPUTE = re.compile(r"conv2d|matmul|dense|softmax|norm|mean|pool|sum|max_pool|avg_pool|adaptive")
 
@@ -44,7 +44,7 @@ def is_data_movement(task_name: str) -> bool:
 
 
 def _metrics(pred: np.ndarray, y: np.ndarray) -> dict:
-    from tensorplan.cdmpp.model import regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
     if len(y) == 0:
         return {"n": 0}
     m = regression_metrics(pred, y)
@@ -57,6 +57,9 @@ def run(extra: str, devices: list[str], holdout: list[str], models: list[str], s
     """`also_train`: more domains to train on (e.g. the collection CPU's), tested on `devices` only."""
     from tensorplan.cdmpp import evaluate as E
     from tensorplan.cdmpp.dataset import load_dataset
+
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import make_model
 
     also = [d for d in (also_train or []) if d not in devices]
     done = {(r["model"], r["seed"], r["with_grid"]) for r in _rows(out)}
@@ -74,7 +77,7 @@ def run(extra: str, devices: list[str], holdout: list[str], models: list[str], s
             for name in models:
                 if (name, seed, with_grid) in done:
                     continue
-                m = E.make_model(name, time_scale=time_scale, seed=seed)
+                m = make_model(name, time_scale=time_scale, seed=seed)
                 tt = E._fit(m, tr, va, None)
                 pred = m.predict(te)
                 row = {"model": name, "seed": seed, "with_grid": with_grid, "devices": devices, "also_train": also,
@@ -99,11 +102,14 @@ def breakdown(devices: list[str], holdout: list[str], model: str, out: Path, top
     from tensorplan.cdmpp.baselines import summed_features
     from tensorplan.cdmpp.dataset import load_dataset
 
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import make_model
+
     ds = load_dataset(None).only_devices(devices).filter_stable(max_cov=0.01, metric="mad")
     data = E.EvalData(ds)
     names = ds.tasks.set_index("task_key")["task_name"].to_dict()
     tr, va, te = E.network_split(ds, holdout, 0, data)
-    m = E.make_model(model, seed=0)
+    m = make_model(model, seed=0)
     E._fit(m, tr, va, None)
     pred, y = m.predict(te), te.latency_s
     ape = np.abs(pred - y) / y

@@ -4,7 +4,7 @@ Samples meta-schedule schedules of a few TE workloads, measures each at 1 and 2 
 (time_evaluator) and stores TVM's own PerStoreFeature rows (the same 164-d Ansor features) as
 leaves. Used only while the real dataset (data/cdmpp/) is being collected.
 
-    python bench/cdmpp_devdata.py --out /tmp/cdmpp_dev.npz --per-task 40
+    python research/cdmpp/cdmpp_devdata.py --out /tmp/cdmpp_dev.npz --per-task 40
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ prediction times a learned factor. This shows what that factor looks like on thi
 program's parallel-loop extent and by kernel size (fixed per-call costs of the thread pool dominate
 kernels of a few µs).
 
-    .venv/bin/python bench/cdmpp_device_ratio.py
+    .venv/bin/python research/cdmpp/cdmpp_device_ratio.py
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pandas as pd
 
 
 def main() -> None:
-    from tensorplan.cdmpp.model import as_arrays
+    from tensorplan.cdmpp.arrays import as_arrays
     from tensorplan.cdmpp.dataset import load_dataset
     from tensorplan.cdmpp.features import FEATURE_NAMES
 

@@ -6,9 +6,9 @@ oracle floors say what a device transfer can reach even knowing every program's 
 exactly: B predicted as A times the best single factor, or the best factor per task (both fitted on
 B's labels, so no few-shot method that only learns a factor can do better).
 
-    python bench/cdmpp_domain_ratio.py gpuhost-1t local-1t [gpuhost-16t local-2t ...] [--json]
-    python bench/cdmpp_domain_ratio.py h100 h200 --data data/cdmpp-h100 --out bench/results/cdmpp_domain_ratios_gpu.json   # two GPUs, same programs
-    python bench/cdmpp_domain_ratio.py local-2t local-1t local-1t zen4-1t ... --out bench/results/cdmpp_device_floors.json   # source target: the floors
+    python research/cdmpp/cdmpp_domain_ratio.py gpuhost-1t local-1t [gpuhost-16t local-2t ...] [--json]
+    python research/cdmpp/cdmpp_domain_ratio.py h100 h200 --data data/cdmpp-h100 --out research/cdmpp/results/cdmpp_domain_ratios_gpu.json   # two GPUs, same programs
+    python research/cdmpp/cdmpp_domain_ratio.py local-2t local-1t local-1t zen4-1t ... --out research/cdmpp/results/cdmpp_device_floors.json   # source target: the floors
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def ratios(ds, a: str, b: str, max_mad: float = 0.01) -> dict:
     (MAPE of A as B: the error floor of a device split from A to B, if B were A), over every
     common program and over those stable (MAD/median <= max_mad) on both, where B is also
     predicted as A times the best factor, one and one per task (`mape_point.factor_floors`)."""
-    from tensorplan.cdmpp.mape_point import factor_floors
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.mape_point import factor_floors
 
     r = ds.records
     pa = r[r["device"] == a].set_index("prog_idx")

@@ -13,9 +13,9 @@ CMD and XGBoost: different errors) and apply the same rule, exp(mean log - shrin
 the pooled members: no weight is fitted, so no test label is used. `--blends-only` recomputes them
 from the saved .npz without training.
 
-Usage: python bench/cdmpp_ensemble.py [--members 3] [--seconds 150] [--splits network,sample] [--blends-only]
-       python bench/cdmpp_ensemble.py --models xgboost-hier --add   # train one more model, merge it in
-Writes bench/results/cdmpp_ensemble.json (with the machine description), the members' log
+Usage: python research/cdmpp/cdmpp_ensemble.py [--members 3] [--seconds 150] [--splits network,sample] [--blends-only]
+       python research/cdmpp/cdmpp_ensemble.py --models xgboost-hier --add   # train one more model, merge it in
+Writes research/cdmpp/results/cdmpp_ensemble.json (with the machine description), the members' log
 predictions as .npz and a predicted-vs-measured scatter coloured by the spread as .png.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"   # what `tensorplan predictor evaluate` holds out (docs/cdmpp.md)
+HOLDOUT = "efficientvit-b1,tiny-mlp,mobilenet-v2"   # what `tensorplan predictor evaluate` holds out (research/notes/cdmpp.md)
 DEVICES = "local-1t,local-2t"                        # the collection CPU's domains (what the runs used)
 # CDMPP members: CDMPP(...) keyword arguments; XGBoost members (bagged rows and columns): TenSetXGB(...) ones
 MODELS = {"cdmpp": {"cmd_alpha": 1.0}, "cdmpp-nocmd": {"cmd_alpha": 0.0}}
@@ -70,7 +70,7 @@ def _member(split: str, model: str, seed: int, seconds: float, holdout: str, dev
 
 
 def _score(pred: np.ndarray, y: np.ndarray) -> dict:
-    from tensorplan.cdmpp.model import regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
 
     m = regression_metrics(pred, y)
     return {k: m[k] for k in ("mape_pct", "median_ape_pct", "acc10_pct", "acc20_pct", "mean_abs_log_ratio")}
@@ -143,7 +143,7 @@ def main(members: int = typer.Option(3, "--members"),
          add: bool = typer.Option(False, "--add", help="Train only --models and merge them into the saved "
                                   "run (same splits; the other models' members are kept)."),
          workers: int = typer.Option(2, "--workers", help="Members trained at once (processes)."),
-         out: Path = typer.Option(Path("bench/results/cdmpp_ensemble.json"), "--out"),
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_ensemble.json"), "--out"),
          blends_only: bool = typer.Option(False, "--blends-only", help="Only recompute the mixed ensembles "
                                           "from the saved .npz (no training).")) -> None:
     from rich.progress import track
@@ -168,7 +168,7 @@ def main(members: int = typer.Option(3, "--members"),
         futs = [pool.submit(_member, s, m, k, seconds, holdout, devices) for s, m, k in jobs]
         done = [f.result() for f in track(futs, description="training members")]
     tests = {s: v[2] for s, v in _splits(split_names, holdout, devices).items()}
-    command = (f"python bench/cdmpp_ensemble.py --members {members} --seconds {seconds:g} --splits {splits} "
+    command = (f"python research/cdmpp/cdmpp_ensemble.py --members {members} --seconds {seconds:g} --splits {splits} "
                f"--models {models} --devices {devices}" + (" --add" if add else ""))
     res: dict = {"command": command, "holdout": holdout, "devices": devices, "members": members,
                  "seconds_per_cdmpp_member": seconds, "splits": {}}

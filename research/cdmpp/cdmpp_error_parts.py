@@ -15,16 +15,18 @@ domains, the evaluation table's three held-out networks):
 
 One JSONL line per (split, model), appended when done, so a killed run resumes.
 
-    .venv/bin/python bench/cdmpp_error_parts.py --models xgboost-deep,cdmpp-nocmd-parts
-    .venv/bin/python bench/cdmpp_error_parts.py --models xgboost-deep,xgboost-deep-rel --splits network \
+    .venv/bin/python research/cdmpp/cdmpp_error_parts.py --models xgboost-deep,cdmpp-nocmd-parts
+    .venv/bin/python research/cdmpp/cdmpp_error_parts.py --models xgboost-deep,xgboost-deep-rel --splits network \
         --holdout segformer-b0,swin-tiny,candy,resnet-50
 """
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import typer
@@ -36,7 +38,7 @@ DRAWS = 5
 def measured_per_task(pred: np.ndarray, true: np.ndarray, task: np.ndarray, k: int, seed: int = 0) -> dict:
     """Each task's predictions times the median ratio of k of its programs (drawn at random), scored
     on the task's other programs; tasks with <= k programs are left out. Mean over DRAWS draws."""
-    from tensorplan.cdmpp.model import regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
 
     rng = np.random.default_rng(seed)
     fixed, plain, n = [], [], 0
@@ -60,13 +62,18 @@ def main(models: str = typer.Option("xgboost-deep,cdmpp-nocmd-parts", "--models"
          splits: str = typer.Option("network,sample", "--splits", help="Comma-separated: network, sample."),
          holdout: str = typer.Option("", "--holdout", help="Held-out networks, comma-separated "
                                      "(default: the evaluation table's)."),
-         out: Path = typer.Option(Path("bench/results/cdmpp_error_parts.jsonl"), "--out"),
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_error_parts.jsonl"), "--out"),
          time_scale: float = typer.Option(0.625, "--time-scale", help="The harness's budget scale (CDMPP 150 s)."),
-         threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
-    from tensorplan.cdmpp.model import regression_metrics, validation_choices, wrapped_layers
+         threads: Optional[int] = typer.Option(None, "--threads", help="XGBoost threads per fit (default: "
+                                                "every core this process may use).")) -> None:
+    threads = threads or len(os.sched_getaffinity(0))
+    from tensorplan.cdmpp.metrics import regression_metrics
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.wrapped import validation_choices, wrapped_layers
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split, sample_split
-    from tensorplan.cdmpp.mape_point import factor_floors
+    from tensorplan.cdmpp.evaluate import EvalData, machine_info, network_split, sample_split
+    from cdmpp_variants.harness import PUBLISHED_HOLDOUT, make_model
+    from cdmpp_variants.mape_point import factor_floors
 
     held = [h for h in holdout.split(",") if h] or list(PUBLISHED_HOLDOUT)
     done = {(r["split"], r["model"], ",".join(r.get("holdout") or PUBLISHED_HOLDOUT))

@@ -4,9 +4,9 @@ Why: to see whether the few-shot error is a fine-tuning problem (steps, learning
 or a source-model problem. Trains CDMPP once on `local-2t` (CMD towards the unlabelled `local-1t`
 pool), then fine-tunes a copy per variant on the same KMeans / random samples the harness uses and
 scores the same common test set. Appends one JSON line per (variant, method) to
-bench/results/cdmpp_finetune_variants.jsonl.
+research/cdmpp/results/cdmpp_finetune_variants.jsonl.
 
-    .venv/bin/python bench/cdmpp_finetune_variants.py --seconds 150
+    .venv/bin/python research/cdmpp/cdmpp_finetune_variants.py --seconds 150
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ VARIANTS = ({}, {"finetune_steps": 1000}, {"finetune_scope": "all"}, {"finetune_
 
 def main(seconds: float = typer.Option(150.0, "--seconds", help="Source training budget."),
          cmd_alpha: float = typer.Option(1.0, "--cmd-alpha"), seed: int = typer.Option(0, "--seed"),
-         out: Path = typer.Option(Path("bench/results/cdmpp_finetune_variants.jsonl"), "--out")) -> None:
-    from tensorplan.cdmpp.model import CDMPP, regression_metrics
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_finetune_variants.jsonl"), "--out")) -> None:
+    from tensorplan.cdmpp.metrics import regression_metrics
+    from tensorplan.cdmpp.model import CDMPP
     from tensorplan.cdmpp.dataset import load_dataset
     from tensorplan.cdmpp.evaluate import device_split
 

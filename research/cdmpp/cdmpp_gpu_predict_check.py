@@ -17,9 +17,9 @@ Two predictors per network:
 One JSON line per (network, predictor) in the JSONL, appended when done (a killed run resumes);
 `--summary` writes the table (JSON).
 
-    python bench/cdmpp_gpu_predict_check.py --networks resnet-50,bert-base --holdout
-    python bench/cdmpp_gpu_predict_check.py --device h200
-    python bench/cdmpp_gpu_predict_check.py --summary
+    python research/cdmpp/cdmpp_gpu_predict_check.py --networks resnet-50,bert-base --holdout
+    python research/cdmpp/cdmpp_gpu_predict_check.py --device h200
+    python research/cdmpp/cdmpp_gpu_predict_check.py --summary
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import numpy as np
 import typer
 
 DATA = "data/cdmpp-h100"
-OUT = Path("bench/results/cdmpp_gpu_predict_check.jsonl")
+OUT = Path("research/cdmpp/results/cdmpp_gpu_predict_check.jsonl")
 
 
 def measured_programs(data: str = DATA, device: str = "h100") -> dict[tuple[str, int], dict]:

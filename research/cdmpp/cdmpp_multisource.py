@@ -9,7 +9,7 @@ side of the split does not depend on the sources), and tabulates MAPE.
 Each run is one `tensorplan predictor evaluate` call writing `<results-dir>/<target>_<variant>.json`; runs
 whose JSON exists are skipped (resumable), `--summarize-only` just rebuilds the table.
 
-    python bench/cdmpp_multisource.py            # ~6 min per run on the 2-core VM, 9 runs
+    python research/cdmpp/cdmpp_multisource.py            # ~6 min per run on the 2-core VM, 9 runs
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def markdown(summary: dict) -> str:
     return "\n".join(L)
 
 
-def main(results_dir: Path = typer.Option(Path("bench/results/cdmpp_multisource"), "--results-dir"),
+def main(results_dir: Path = typer.Option(Path("research/cdmpp/results/cdmpp_multisource"), "--results-dir"),
          models: str = typer.Option("cdmpp,xgboost,mlp,roofline", "--models"),
          time_scale: float = typer.Option(0.625, "--time-scale", help="As the harness's published runs."),
          summarize_only: bool = typer.Option(False, "--summarize-only")) -> None:
@@ -77,7 +77,7 @@ def main(results_dir: Path = typer.Option(Path("bench/results/cdmpp_multisource"
             out = results_dir / f"{target}_{variant}.json"
             if out.exists():
                 continue
-            cmd = [sys.executable, "-m", "tensorplan", "evaluate", "--data", data, "--splits", "device",
+            cmd = [sys.executable, str(Path(__file__).with_name("evaluate_variants.py")), "--data", data, "--splits", "device",
                    "--models", models, "--time-scale", str(time_scale), "--source", sources,
                    "--target", target, "--out", str(out)]
             print(" ".join(cmd[1:]), flush=True)

@@ -6,16 +6,16 @@ factor between the two on a model's validation records (Duan's smearing: the mea
 predicted) and `predict` multiplies the total by it. This bench checks that on data no model saw:
 
   lono     leave one network out on the collection CPU (`cdmpp_by_network.py --out
-           bench/results/cdmpp_by_network_totals.jsonl`; each fold's factor comes from the harness's
+           research/cdmpp/results/cdmpp_by_network_totals.jsonl`; each fold's factor comes from the harness's
            validation tasks, which are not the held-out network's): each network's total of its
            kernels' first design-space samples (what `predict` sums), predicted vs measured, as the
            kernels' sum and times the factor
   check    a saved model (`--weights`, default: the shipped one) on the kernels that
            `cdmpp_predict_check.py` timed on this host, with this host's device vector
 
-    python bench/cdmpp_by_network.py --models xgboost-hier,cdmpp-nocmd-parts --shard 0/2 \\
-        --out bench/results/cdmpp_by_network_totals.jsonl &     # and --shard 1/2; ~30 min on 2 cores
-    python bench/cdmpp_network_totals.py          # -> bench/results/cdmpp_network_totals.{json,png}
+    python research/cdmpp/cdmpp_by_network.py --models xgboost-hier,cdmpp-nocmd-parts --shard 0/2 \\
+        --out research/cdmpp/results/cdmpp_by_network_totals.jsonl &     # and --shard 1/2; ~30 min on 2 cores
+    python research/cdmpp/cdmpp_network_totals.py          # -> research/cdmpp/results/cdmpp_network_totals.{json,png}
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import typer
 
 from cdmpp_bigkernels import CHECK, _rows, checked_kernels, network_arrays, score
 
-LONO = Path("bench/results/cdmpp_by_network_totals.jsonl")
-OUT = Path("bench/results/cdmpp_network_totals.json")
+LONO = Path("research/cdmpp/results/cdmpp_by_network_totals.jsonl")
+OUT = Path("research/cdmpp/results/cdmpp_network_totals.json")
 
 
 def _stats(raw: np.ndarray, expected: np.ndarray) -> dict:
@@ -69,9 +69,12 @@ def shipped_factor(weights: Path | None, data: str) -> tuple[object, dict]:
     """(model, {factor, median and mean of measured / predicted, records}): the saved model's `totals.mean_factor` on the validation
     records `tensorplan predictor train` held out when it trained it (seed 0: 5 % of the stable records of its
     domains in `data`; the shipped model's were its training command's --data)."""
-    from tensorplan.cdmpp.model import SHIPPED_MODEL, as_arrays, load_estimator
+    from tensorplan.cdmpp.arrays import as_arrays
+    from tensorplan.cdmpp.base import load_estimator
+    from tensorplan.cdmpp.model import SHIPPED_MODEL
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.totals import mean_factor
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.totals import mean_factor
 
     est = load_estimator(weights or SHIPPED_MODEL)
     arr = as_arrays(load_dataset(data).only_devices(est.domains_).filter_stable(max_cov=0.01, metric="mad"))

@@ -2,9 +2,9 @@
 
 Why: the held-out-network MAPE is dominated by whole tasks that are mis-predicted by one factor;
 this prints the overall metrics and the tasks with the largest mean APE (median and max ratio
-predicted / measured), and appends the metrics to bench/results/cdmpp_ood.jsonl.
+predicted / measured), and appends the metrics to research/cdmpp/results/cdmpp_ood.jsonl.
 
-    .venv/bin/python bench/cdmpp_ood.py '{"flat_skip": true}' --seconds 150 --seed 0
+    .venv/bin/python research/cdmpp/cdmpp_ood.py '{"flat_skip": true}' --seconds 150 --seed 0
 
 `--without NETS` trains as if those networks had never been collected (records of tasks that occur
 only in them are dropped from training) while the test set stays the same, so "do more networks
@@ -30,10 +30,11 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
          without: str = typer.Option("", "--without", help="Comma-separated networks to leave out of training."),
          devices: str = typer.Option("", "--devices", help="Keep only these device domains' records "
                                      "(local-1t,local-2t: the data the earlier lines of the JSONL were run on)."),
-         out: Path = typer.Option(Path("bench/results/cdmpp_ood.jsonl"), "--out")) -> None:
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_ood.jsonl"), "--out")) -> None:
     import pandas as pd
 
-    from tensorplan.cdmpp.model import CDMPP, regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
+    from tensorplan.cdmpp.model import CDMPP
     from tensorplan.cdmpp.dataset import load_dataset
     from tensorplan.cdmpp.evaluate import network_split
 

@@ -19,8 +19,8 @@ One JSON line per (network, host CPU) in the JSONL, appended when done, so a kil
 and a second CPU adds its own lines; `--summary` writes the table (JSON, pooled per host) and a
 scatter (PNG, one row of panels per host).
 
-    python bench/cdmpp_predict_check.py --calibrate     # about 15 min on a 2-core VM
-    python bench/cdmpp_predict_check.py --summary
+    python research/cdmpp/cdmpp_predict_check.py --calibrate     # about 15 min on a 2-core VM
+    python research/cdmpp/cdmpp_predict_check.py --summary
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-OUT = Path("bench/results/cdmpp_predict_check.jsonl")
+OUT = Path("research/cdmpp/results/cdmpp_predict_check.jsonl")
 NETWORKS = ["tiny-cnn", "resnet-50", "mobilenet-v2", "bert-base", "efficientvit-b1", "segformer-b0",
             "tiny-style", "tiny-linear-attention", "yolov4"]
 
@@ -95,7 +95,7 @@ def _errors(pred: np.ndarray, meas: np.ndarray, calls: np.ndarray) -> dict:
     """Per-kernel metrics and the call-weighted whole-network ratio (seconds in)."""
     from scipy.stats import spearmanr
 
-    from tensorplan.cdmpp.model import regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
 
     m = regression_metrics(pred, meas)
     return {"mape_pct": m["mape_pct"], "median_ape_pct": m["median_ape_pct"], "acc20_pct": m["acc20_pct"],
@@ -133,7 +133,7 @@ def summarize(path: Path) -> dict:
             q["pred"] += list(p)
             q["meas"] += list(meas)
         rows.append(row)
-    from tensorplan.cdmpp.model import regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
     pool = {h: {n: {**regression_metrics(np.array(v["pred"]), np.array(v["meas"])),
                     "median_ratio": _ratio(np.array(v["pred"]), np.array(v["meas"])),
                     "median_network_ratio": float(np.median([x[n]["total_ratio"] for x in rows

@@ -2,7 +2,7 @@
 of training programs per task, on the same test records.
 
 Why: the GPU domains hold ~4.6 programs per task and score ~45 % on held-out networks
-(docs/cdmpp.md), and "more GPU programs per task" was named as the lever; the CPU domain local-1t
+(research/notes/cdmpp.md), and "more GPU programs per task" was named as the lever; the CPU domain local-1t
 holds ~45 per task. The held-out-network split is built once; each arm trains on at most K programs
 per (task, domain) -- the first K design-space draws, as if only K had been measured -- with the
 validation tasks capped alike, and is scored on the same test records. Given several exports
@@ -10,12 +10,12 @@ validation tasks capped alike, and is scored on the same test records. Given sev
 the same tasks in B, e.g. timed on a later GPU session). Resumable: the JSON is rewritten after
 every fit and a rerun skips the (model, arm, seed) entries it holds. Writes OUT.json and OUT.png.
 
-    .venv/bin/python bench/cdmpp_programs_per_task.py --data data/cdmpp-h100 --devices h100 \
+    .venv/bin/python research/cdmpp/cdmpp_programs_per_task.py --data data/cdmpp-h100 --devices h100 \
         --holdout tiny-mlp,efficientvit-b1,vit-b16,resnet-50,retinaface --caps 1,2,3 \
-        --models xgboost,xgboost-deep-mape,mlp,cdmpp --seeds 0,1,2 --out bench/results/cdmpp_programs_per_task_h100.json
-    .venv/bin/python bench/cdmpp_programs_per_task.py --devices local-1t,local-2t --caps 2,4,8,16 \
+        --models xgboost,xgboost-deep-mape,mlp,cdmpp --seeds 0,1,2 --out research/cdmpp/results/cdmpp_programs_per_task_h100.json
+    .venv/bin/python research/cdmpp/cdmpp_programs_per_task.py --devices local-1t,local-2t --caps 2,4,8,16 \
         --models xgboost,xgboost-deep-mape,xgboost-deep-rel-mape --time-scale 0.625 \
-        --out bench/results/cdmpp_programs_per_task_cpu.json
+        --out research/cdmpp/results/cdmpp_programs_per_task_cpu.json
 
 CDMPP and the MLP train under a time budget, so run nothing beside it.
 """
@@ -70,11 +70,13 @@ def main(data: str = typer.Option("", "--data", help="Export(s), comma-separated
          models: str = typer.Option("xgboost,xgboost-deep-rel-mape", "--models"),
          seeds: str = typer.Option("0", "--seeds", help="Model seeds (comma-separated); the split uses seed 0."),
          time_scale: float = typer.Option(1.0, "--time-scale", help="The harness's budget scale."),
-         out: Path = typer.Option(Path("bench/results/cdmpp_programs_per_task.json"), "--out")) -> None:
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_programs_per_task.json"), "--out")) -> None:
     import pyarrow.parquet as pq
 
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, EvalData, _val_split, machine_info, score_on_network_split
+    from tensorplan.cdmpp.evaluate import EvalData, machine_info, score_on_network_split, _val_split
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import PUBLISHED_HOLDOUT, VariantHarness
 
     parts = [p.strip() for p in data.split(",") if p.strip()]
     held = [h for h in holdout.split(",") if h] or list(PUBLISHED_HOLDOUT)
@@ -112,7 +114,7 @@ def main(data: str = typer.Option("", "--data", help="Export(s), comma-separated
                 if any(e["seed"] == seed for e in res.get(name, {}).get(arm, [])):
                     continue
                 m = score_on_network_split(name, D, held, (D.arrays(t), D.arrays(v), test),
-                                           time_scale=time_scale, seed=seed)
+                                           time_scale=time_scale, seed=seed, harness=VariantHarness())
                 keep = {k: m[k] for k in ("mape_pct", "median_ape_pct", "acc10_pct", "acc20_pct",
                                           "spearman_within_task", "train_time_s")}
                 keep["per_task_floor_mape_pct"] = (m.get("scale_floors") or {}).get("per_task_factor_mape_pct")

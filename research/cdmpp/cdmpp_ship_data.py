@@ -5,7 +5,7 @@ domains (`local-1t/2t`). The repo also holds a second CPU's records: the Zen 4 d
 (`zen4-1t/2t` in data/cdmpp), the programs over the 0.1 s cap (data/cdmpp-big-zen4) and the
 data-movement grid (data/cdmpp-datamove-zen4). A user on a Zen 4 machine then predicts in a domain
 the model learnt, and the big records teach it the untuned big convolutions that dominate YOLOv4 and
-segformer-b0 (docs/cdmpp.md, *Programs over the 0.1 s cap*). The risks: the collection CPU's own
+segformer-b0 (research/notes/cdmpp.md, *Programs over the 0.1 s cap*). The risks: the collection CPU's own
 figures get worse, and so does a CPU neither arm learnt (more source CPUs made CDMPP's zero-shot
 worse before, *One source domain or several*).
 
@@ -23,9 +23,9 @@ and each is scored three ways:
                `tensorplan predict --device local` does (the host must be of that CPU type)
 One JSON line per (arm, model, seed), appended when done (resumable); `--summary` writes medians.
 
-    python bench/cdmpp_ship_data.py              # ~30 min on a 2-core VM (six 240 s CDMPPs)
-    python bench/cdmpp_ship_data.py --summary    # -> bench/results/cdmpp_ship_data.json
-    python bench/cdmpp_ship_data.py --weights src/tensorplan/predict/weights/cdmpp-local.pt --label shipped
+    python research/cdmpp/cdmpp_ship_data.py              # ~30 min on a 2-core VM (six 240 s CDMPPs)
+    python research/cdmpp/cdmpp_ship_data.py --summary    # -> research/cdmpp/results/cdmpp_ship_data.json
+    python research/cdmpp/cdmpp_ship_data.py --weights src/tensorplan/cdmpp/weights/cdmpp-local.pt --label shipped
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ import typer
 
 from cdmpp_bigkernels import BIG_S, CHECK, _rows, checked_kernels, network_arrays, score, train_model
 
-OUT = Path("bench/results/cdmpp_ship_data.jsonl")
+OUT = Path("research/cdmpp/results/cdmpp_ship_data.jsonl")
 ARMS = {"collection": ("data/cdmpp", ["local-1t", "local-2t"]),
         "all-cpus": ("data/cdmpp,data/cdmpp-big-zen4,data/cdmpp-datamove-zen4",
                      ["local-1t", "local-2t", "zen4-1t", "zen4-2t"])}
@@ -48,7 +48,8 @@ STABLE = {"max_cov": 0.01, "metric": "mad"}
 
 
 def _metrics(est, ds) -> dict:
-    from tensorplan.cdmpp.model import as_arrays, regression_metrics
+    from tensorplan.cdmpp.arrays import as_arrays
+    from tensorplan.cdmpp.metrics import regression_metrics
     arr = as_arrays(ds)
     m = regression_metrics(np.asarray(est.predict(arr)), arr.latency_s)
     return {k: m[k] for k in ("mape_pct", "median_ape_pct", "acc10_pct", "acc20_pct")} | {"records": len(ds)}
@@ -159,7 +160,7 @@ def score_weights(weights: Path, label: str, holdout: list[str], host: str, out:
     with that domain's recorded device vector, so the check can be scored on any machine; without it
     this must run on the check's host and predicts as `local-2t`, measured here."""
     from tensorplan.devices.detect import cpu_info
-    from tensorplan.cdmpp.model import load_estimator
+    from tensorplan.cdmpp.base import load_estimator
     from tensorplan.cdmpp.dataset import load_dataset
 
     if predict_as is None and cpu_info()["model"] != host:

@@ -2,9 +2,9 @@
 
 The measured dataset may hold fewer than 30k records; the training set is then drawn *with
 replacement* from the real stable records (the timing depends on the number and the leaf counts
-of the programs, not on their labels). Writes bench/results/cdmpp_speed.json with machine info.
+of the programs, not on their labels). Writes research/cdmpp/results/cdmpp_speed.json with machine info.
 
-    python bench/cdmpp_speed.py [--data data/cdmpp] [--records 30000] [--epochs 40]
+    python research/cdmpp/cdmpp_speed.py [--data data/cdmpp] [--records 30000] [--epochs 40]
 """
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ def main():
     ap.add_argument("--records", type=int, default=30000)
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--max-cov", type=float, default=0.05)
-    ap.add_argument("--out", default="bench/results/cdmpp_speed.json")
+    ap.add_argument("--out", default="research/cdmpp/results/cdmpp_speed.json")
     ap.add_argument("--variants", default="cmd", help="comma list of: cmd, no_cmd")
     a = ap.parse_args()
-    from tensorplan.cdmpp.model import CDMPP, as_arrays
+    from tensorplan.cdmpp.arrays import as_arrays
+    from tensorplan.cdmpp.model import CDMPP
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.evaluate import _throughput, machine_info
+    from tensorplan.cdmpp.evaluate import machine_info, _throughput
 
     ds = load_dataset(a.data).filter_stable(max_cov=a.max_cov)
     arr = as_arrays(ds)

@@ -6,11 +6,11 @@ fixed time budget. Each run trains on one thread, so two settings can run side b
 adds what a tuner needs from the model: the within-task rank correlation and the whole-network
 errors and picks' regret (`evaluate.NETWORK_PICKS`) of the held-out networks.
 
-    .venv/bin/python bench/cdmpp_sweep.py '{"w_mape": 0.0}' --seconds 150
-    .venv/bin/python bench/cdmpp_sweep.py '{"batch_size": 200}' --n-train 2000 --seconds 90   # can it overfit?
-    .venv/bin/python bench/cdmpp_sweep.py '{"cmd_alpha": 0, "parts_input": true, "w_rank": 1}' --split network \\
-        --devices local-1t,local-2t --seconds 150 --out bench/results/cdmpp_rank.jsonl
-    .venv/bin/python bench/cdmpp_sweep.py --summary bench/results/cdmpp_rank.jsonl   # medians over seeds
+    .venv/bin/python research/cdmpp/cdmpp_sweep.py '{"w_mape": 0.0}' --seconds 150
+    .venv/bin/python research/cdmpp/cdmpp_sweep.py '{"batch_size": 200}' --n-train 2000 --seconds 90   # can it overfit?
+    .venv/bin/python research/cdmpp/cdmpp_sweep.py '{"cmd_alpha": 0, "parts_input": true, "w_rank": 1}' --split network \\
+        --devices local-1t,local-2t --seconds 150 --out research/cdmpp/results/cdmpp_rank.jsonl
+    .venv/bin/python research/cdmpp/cdmpp_sweep.py --summary research/cdmpp/results/cdmpp_rank.jsonl   # medians over seeds
 """
 from __future__ import annotations
 
@@ -72,9 +72,13 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
         return
     import torch
 
-    from tensorplan.cdmpp.model import CDMPP, regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
+    from tensorplan.cdmpp.model import CDMPP
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.evaluate import EvalData, _network_errors, _score, network_split, sample_split
+    from tensorplan.cdmpp.evaluate import EvalData, _network_errors, network_split, sample_split
+
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import VariantHarness
 
     torch.set_num_threads(1)
     kw = json.loads(params)
@@ -91,7 +95,7 @@ def main(params: str = typer.Argument("{}", help="JSON dict of CDMPP(...) keywor
         tr = tr.subset(np.arange(min(n_train, len(tr))))
     m = CDMPP(**{"epochs": 4000, "max_time_s": seconds, "seed": seed, **kw}).fit(tr, va)
     sub = np.random.default_rng(seed).choice(len(tr), min(4000, len(tr)), replace=False)
-    test = _score(m, te)
+    test = VariantHarness().score(m, te)
     test.pop("by_leaves")
     res = {"params": kw, "seconds": seconds, "split": split, "seed": seed, "n_train": len(tr),
            "train_time_s": m.train_time_s, "steps": m.history[-1]["step"] if m.history else 0,

@@ -1,10 +1,10 @@
 """Show what the per-store features say about one task's programs, next to TVM's own extractor.
 
-Why: when CDMPP mis-predicts a whole task (bench/cdmpp_ood.py lists them), the first question is
+Why: when CDMPP mis-predicts a whole task (research/cdmpp/cdmpp_ood.py lists them), the first question is
 whether the features can tell that task apart; this prints the named non-zero features of its first
 programs, our rows vs TVM's PerStoreFeature rows, and the measured latency.
 
-    .venv/bin/python bench/cdmpp_task_features.py b36f104a9a501cd6 --programs 3
+    .venv/bin/python research/cdmpp/cdmpp_task_features.py b36f104a9a501cd6 --programs 3
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import typer
 
 
-def main(task_key: str = typer.Argument(..., help="Task key (bench/cdmpp_ood.py prints them)."),
+def main(task_key: str = typer.Argument(..., help="Task key (research/cdmpp/cdmpp_ood.py prints them)."),
          programs: int = typer.Option(3, "--programs", help="How many of the task's programs.")) -> None:
     from tensorplan.cdmpp import features as F
     from tensorplan.cdmpp.dataset import load_dataset, replay_trace
@@ -22,7 +22,7 @@ def main(task_key: str = typer.Argument(..., help="Task key (bench/cdmpp_ood.py 
     r = ds.records.reset_index(drop=True)
     tasks = ds.tasks.set_index("task_key")
     if task_key not in tasks.index:
-        raise typer.BadParameter(f"unknown task {task_key!r}; see bench/cdmpp_ood.py for task keys")
+        raise typer.BadParameter(f"unknown task {task_key!r}; see research/cdmpp/cdmpp_ood.py for task keys")
     t = tasks.loc[task_key]
     task = task_from_script(task_key, t.task_name, t.script, dict(t.networks))
     print(f"{t.task_name} ({task_key}), networks {list(t.networks)}, {t.flops:.0f} FLOPs")

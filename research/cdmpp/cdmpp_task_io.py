@@ -1,14 +1,14 @@
 """Does knowing the kernel's buffer sizes help a latency model on unseen networks?
 
 The per-store features under-report the bytes of some fused kernels (div/mod-indexed slices, see
-docs/cdmpp.md), so a natural fix is to hand the model the sizes of the kernel's buffers
+research/notes/cdmpp.md), so a natural fix is to hand the model the sizes of the kernel's buffers
 (`tasks.task_io_vector`: log2 element counts of the output and the inputs, exact and
 schedule-independent). This script tests that cheaply before anyone changes the 164-d leaf
 layout: TenSet's XGBoost (same parameters as the harness) on summed per-store features, with and
 without the task-io columns, on the harness's held-out-network split and the sample split.
 
-Usage: python bench/cdmpp_task_io.py [--holdout efficientvit-b1,tiny-mlp,mobilenet-v2]
-Writes bench/results/cdmpp_task_io.json.
+Usage: python research/cdmpp/cdmpp_task_io.py [--holdout efficientvit-b1,tiny-mlp,mobilenet-v2]
+Writes research/cdmpp/results/cdmpp_task_io.json.
 """
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ def _score(pred: np.ndarray, y: np.ndarray) -> dict:
 
 
 def main(holdout: str = typer.Option("efficientvit-b1,tiny-mlp,mobilenet-v2", "--holdout"),
-         out: Path = typer.Option(Path("bench/results/cdmpp_task_io.json"), "--out"),
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_task_io.json"), "--out"),
          seed: int = typer.Option(0, "--seed")) -> None:
     import xgboost as xgb
 
     from tensorplan.cdmpp.baselines import TenSetXGB, summed_features
-    from tensorplan.cdmpp.model import as_arrays
+    from tensorplan.cdmpp.arrays import as_arrays
     from tensorplan.cdmpp.dataset import load_dataset
     from tensorplan.cdmpp.evaluate import network_split
 
@@ -42,7 +42,7 @@ def main(holdout: str = typer.Option("efficientvit-b1,tiny-mlp,mobilenet-v2", "-
     tr_ds, te_ds = ds.split("sample")
     splits["sample"] = (as_arrays(tr_ds), None, as_arrays(te_ds))
     params = TenSetXGB(seed=seed)._params()
-    res: dict = {"command": "python bench/cdmpp_task_io.py", "holdout": holdout, "splits": {},
+    res: dict = {"command": "python research/cdmpp/cdmpp_task_io.py", "holdout": holdout, "splits": {},
                  "loadavg": list(os.getloadavg())}
     for split, (tr, va, te) in splits.items():
         res["splits"][split] = {"n_train": len(tr), "n_test": len(te)}

@@ -1,7 +1,7 @@
 """Does a model of the kernel's scale beat the trees' own? One row per task instead of per program.
 
 Why: on unseen networks about half of `xgboost-deep`'s error is the scale of whole kernels
-(docs/cdmpp.md, "Scale or shape"). The trees see every program; a booster over one row per
+(research/notes/cdmpp.md, "Scale or shape"). The trees see every program; a booster over one row per
 training task and device domain (the mean and spread of its programs' features and the mean
 hierarchy estimate; target: the mean log latency) sees only what a kernel's scale could depend on.
 On the harness's held-out-network split this scores, per setting (depth x min_child_weight),
@@ -10,8 +10,8 @@ half with the mean of the trees' log predictions (w = 0.5): its mean absolute lo
 test and validation tasks, and the test / validation MAPE when the trees' programs keep their
 spacing and take that scale. Writes one JSON document.
 
-    .venv/bin/python bench/cdmpp_task_scale.py
-    .venv/bin/python bench/cdmpp_task_scale.py --holdout segformer-b0,swin-tiny,candy,resnet-50
+    .venv/bin/python research/cdmpp/cdmpp_task_scale.py
+    .venv/bin/python research/cdmpp/cdmpp_task_scale.py --holdout segformer-b0,swin-tiny,candy,resnet-50
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ WEIGHTS = (0.5, 1.0)
 def task_rows(model, arr) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(group index per program, task rows [feature mean, feature std, mean offset], mean offset,
     mean log latency) per task and device domain."""
-    from tensorplan.cdmpp.task_relative import group_index, group_means
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.task_relative import group_index, group_means
 
     g = group_index(arr)
     f = model._features(arr).astype(np.float64)
@@ -40,14 +41,16 @@ def task_rows(model, arr) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
 
 
 def main(holdout: str = typer.Option("", "--holdout", help="Held-out networks (default: the evaluation table's)."),
-         out: Path = typer.Option(Path("bench/results/cdmpp_task_scale.json"), "--out"),
+         out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_task_scale.json"), "--out"),
          time_scale: float = typer.Option(0.625, "--time-scale", help="The harness's budget scale."),
          threads: int = typer.Option(1, "--threads", help="XGBoost threads.")) -> None:
     import xgboost as xgb
 
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, EvalData, machine_info, make_model, network_split
-    from tensorplan.cdmpp.task_relative import group_means
+    from tensorplan.cdmpp.evaluate import EvalData, machine_info, network_split
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import PUBLISHED_HOLDOUT, make_model
+    from cdmpp_variants.task_relative import group_means
 
     held = [h for h in holdout.split(",") if h] or list(PUBLISHED_HOLDOUT)
     ds = load_dataset(None).only_devices(["local-1t", "local-2t"]).filter_stable(max_cov=0.01, metric="mad")

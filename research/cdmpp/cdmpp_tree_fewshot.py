@@ -6,18 +6,20 @@ give the samples more say: the samples weighted w times in the refit (early stop
 validation records), and boosting on: the source model's trees kept, a few shallow trees added on
 the samples alone (the trees' analogue of fine-tuning a head). Yardsticks: the zero-shot model, and
 the test programs' *measured* source latency times the samples' MAPE-optimal ratio (a perfect
-source model plus one factor; `bench/cdmpp_domain_ratio.py` gives the oracle floors). One JSON
+source model plus one factor; `research/cdmpp/cdmpp_domain_ratio.py` gives the oracle floors). One JSON
 document per run.
 
-    .venv/bin/python bench/cdmpp_tree_fewshot.py --source local-1t --target zen4-1t \\
-        --out bench/results/cdmpp_tree_fewshot_zen4.json
+    .venv/bin/python research/cdmpp/cdmpp_tree_fewshot.py --source local-1t --target zen4-1t \\
+        --out research/cdmpp/results/cdmpp_tree_fewshot_zen4.json
 """
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import typer
@@ -29,13 +31,18 @@ BOOST_ON = ((0.05, 50), (0.02, 200), (0.05, 200))   # (eta, rounds) of depth-3 t
 def main(source: str = typer.Option("local-1t", "--source", help="Source domain(s), comma-separated."),
          target: str = typer.Option("zen4-1t", "--target", help="The held-out device domain."),
          out: Path = typer.Option(..., "--out", help="JSON document to write."),
-         threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
+         threads: Optional[int] = typer.Option(None, "--threads", help="XGBoost threads per fit (default: "
+                                                "every core this process may use).")) -> None:
+    threads = threads or len(os.sched_getaffinity(0))
     import xgboost as xgb
 
-    from tensorplan.cdmpp.model import ProgramArrays, regression_metrics
+    from tensorplan.cdmpp.arrays import ProgramArrays
+    from tensorplan.cdmpp.metrics import regression_metrics
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.evaluate import EvalData, device_split, machine_info, make_model
-    from tensorplan.cdmpp.mape_point import mape_optimal_factor
+    from tensorplan.cdmpp.evaluate import EvalData, device_split, machine_info
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import make_model
+    from cdmpp_variants.mape_point import mape_optimal_factor
 
     raw = load_dataset(None)
     ds = raw.filter_stable(max_cov=0.01, metric="mad")

@@ -10,17 +10,18 @@ tiny-linear-attention) are the fair test: for the others, the shipped model has 
 programs' labels in training.
 
 `--weights` checks another predictor's picks on the same kernels, e.g. one trained with the
-within-task ranking term (`tensorplan predictor train --rank 0.3`) against one trained without it.
+within-task ranking term (`CDMPP(w_rank=0.3)`, trained through `model.train`) against one trained without it.
 
 One JSON line per (network, host, N, label), appended when done, so a killed run resumes;
-`--summary` writes the summary JSON and prints the markdown table of docs/cdmpp.md.
+`--summary` writes the summary JSON and prints the markdown table of research/notes/cdmpp.md.
 
-    python bench/cdmpp_tuned_check.py --tuned 32          # about 15 min on a 2-core VM
-    tensorplan predictor train --max-time 300 --out base300.pt && tensorplan predictor train --rank 0.3 --max-time 300 --out rank300.pt
-    python bench/cdmpp_tuned_check.py --weights base300.pt --label base300 --models tiny-style,tiny-linear-attention,yolov4
-    python bench/cdmpp_tuned_check.py --weights rank300.pt --label rank300 --models tiny-style,tiny-linear-attention,yolov4
-    python bench/cdmpp_tuned_check.py --oracle --models tiny-style,tiny-linear-attention   # every candidate timed
-    python bench/cdmpp_tuned_check.py --summary
+    python research/cdmpp/cdmpp_tuned_check.py --tuned 32          # about 15 min on a 2-core VM
+    tensorplan predictor train --max-time 300 --out base300.pt
+    python -c "from tensorplan.cdmpp.model import train; train(epochs=400, max_time_s=300, parts_input=True, w_rank=0.3, out='rank300.pt')"
+    python research/cdmpp/cdmpp_tuned_check.py --weights base300.pt --label base300 --models tiny-style,tiny-linear-attention,yolov4
+    python research/cdmpp/cdmpp_tuned_check.py --weights rank300.pt --label rank300 --models tiny-style,tiny-linear-attention,yolov4
+    python research/cdmpp/cdmpp_tuned_check.py --oracle --models tiny-style,tiny-linear-attention   # every candidate timed
+    python research/cdmpp/cdmpp_tuned_check.py --summary
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import typer
 
-OUT = Path("bench/results/cdmpp_tuned_check.jsonl")
+OUT = Path("research/cdmpp/results/cdmpp_tuned_check.jsonl")
 NETWORKS = ["tiny-style", "tiny-linear-attention", "yolov4", "tiny-cnn", "mobilenet-v2", "efficientvit-b1"]
 
 

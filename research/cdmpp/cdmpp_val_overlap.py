@@ -10,7 +10,7 @@ the dataset's program index and by `ProgramArrays.program_ids` (task and leaves:
 `TaskRelative` checks, which also counts a task's schedules the features cannot tell apart), and
 reads the mix and validation MAPEs each `-rel` model recorded in the evaluation table's JSON.
 
-    .venv/bin/python bench/cdmpp_val_overlap.py
+    .venv/bin/python research/cdmpp/cdmpp_val_overlap.py
 """
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ import numpy as np
 import typer
 
 
-def main(out: Path = typer.Option(Path("bench/results/cdmpp_val_overlap.json"), "--out"),
-         table: Path = typer.Option(Path("bench/results/cdmpp_eval.json"), "--table",
+def main(out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_val_overlap.json"), "--out"),
+         table: Path = typer.Option(Path("research/cdmpp/results/cdmpp_eval.json"), "--table",
                                     help="The evaluation table's result JSON (for the recorded mixes).")) -> None:
     from tensorplan.cdmpp.dataset import load_dataset
-    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, EvalData, device_split, machine_info, network_split, sample_split
+    from tensorplan.cdmpp.evaluate import EvalData, device_split, machine_info, network_split, sample_split
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.harness import PUBLISHED_HOLDOUT
 
     ds = load_dataset(None).only_devices(["local-1t", "local-2t"]).filter_stable(max_cov=0.01, metric="mad")
     D = EvalData(ds)

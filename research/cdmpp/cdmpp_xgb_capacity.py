@@ -9,14 +9,16 @@ Splits are the harness's (`evaluate.sample_split`, `network_split` with its thre
 on the collection CPU's two domains; one line per (split, row) is appended to the JSONL as it
 finishes, so a killed run resumes.
 
-    .venv/bin/python bench/cdmpp_xgb_capacity.py --out bench/results/cdmpp_xgb_capacity.jsonl
+    .venv/bin/python research/cdmpp/cdmpp_xgb_capacity.py --out research/cdmpp/results/cdmpp_xgb_capacity.jsonl
 """
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -36,16 +38,20 @@ ROWS = {
 }
 
 
-def main(out: Path = typer.Option(Path("bench/results/cdmpp_xgb_capacity.jsonl"), "--out"),
+def main(out: Path = typer.Option(Path("research/cdmpp/results/cdmpp_xgb_capacity.jsonl"), "--out"),
          splits: str = typer.Option("sample,network", "--splits", help="Comma-separated: sample, network."),
          rows: str = typer.Option("", "--rows", help="Comma-separated row numbers (0-based); default all."),
-         threads: int = typer.Option(2, "--threads", help="XGBoost threads per fit.")) -> None:
+         threads: Optional[int] = typer.Option(None, "--threads", help="XGBoost threads per fit (default: "
+                                                "every core this process may use).")) -> None:
+    threads = threads or len(os.sched_getaffinity(0))
     from tensorplan.cdmpp.baselines import TenSetXGB
-    from tensorplan.cdmpp.model import regression_metrics, within_task_spearman
+    from tensorplan.cdmpp.metrics import regression_metrics, within_task_spearman
     from tensorplan.cdmpp.dataset import load_dataset
     from tensorplan.cdmpp.ensemble import Ensemble
-    from tensorplan.cdmpp.mape_point import MapePoint
-    from tensorplan.cdmpp.evaluate import PUBLISHED_HOLDOUT, XGB_DEEP, EvalData, machine_info, make_model, network_split, sample_split
+    import _path  # noqa: F401  (research/ on sys.path: cdmpp_variants)
+    from cdmpp_variants.mape_point import MapePoint
+    from tensorplan.cdmpp.evaluate import EvalData, machine_info, network_split, sample_split
+    from cdmpp_variants.harness import PUBLISHED_HOLDOUT, XGB_DEEP, make_model
 
     done = set()
     if out.exists():

@@ -96,7 +96,7 @@ class TenSetXGB(Estimator):
         p = {"max_depth": self.max_depth, "gamma": self.gamma, "min_child_weight": self.min_child_weight,
              "eta": self.eta, "objective": "reg:squarederror", "verbosity": 0, "seed": self.seed,
              "tree_method": "hist", "subsample": self.subsample, "colsample_bytree": self.colsample}
-        p["nthread"] = self.threads or 1  # see cdmpp.torch_threads: spinning workers on a shared 2-core box
+        p["nthread"] = self.threads or 1  # one by default, as `base.torch_threads` explains
         return p
 
     def _log_estimate(self, arr: ProgramArrays) -> np.ndarray:

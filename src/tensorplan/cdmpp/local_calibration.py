@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tensorplan.errors import TensorplanError
-from tensorplan.paths import cache_dir
 from tensorplan.progress import progress_bar
+from tensorplan.cdmpp.predict import host_id, local_model_path, local_threads
 
 
 # repeat MAD / median above which a timing is left out. The dataset keeps 1 % (its records came from
@@ -87,18 +87,6 @@ class LocalCalibration:
         return d
 
 
-def host_id() -> str:
-    """This CPU as a file-name slug: 'amd-epyc-family-25-model-1'."""
-    from tensorplan.devices.detect import cpu_info
-
-    return re.sub(r"[^a-z0-9]+", "-", cpu_info()["model"].lower()).strip("-")
-
-
-def local_model_path(threads: int) -> Path:
-    """Where the calibration for this CPU at `threads` threads lives (and `predict` looks)."""
-    return cache_dir() / "models" / f"cdmpp-local-{host_id()}-{threads}t.pt"
-
-
 def held_out_check(make: Callable[[], "object"], samples, baseline_pred: np.ndarray, folds: int = 5) -> HeldOutCheck:
     """Leave-tasks-out check of a correction before it is installed: `make()` fitted on the samples
     of the other tasks predicts each fold's tasks. Returns both models' metrics on those held-out
@@ -149,7 +137,6 @@ def calibrate_here(threads: int | None = None, *, n_tasks: int = 40, per_task: i
     from tensorplan.cdmpp.finetune import programs_of_tasks, select_tasks_kmeans
     from tensorplan.cdmpp.metrics import regression_metrics
     from tensorplan.cdmpp.model import load_shipped
-    from tensorplan.cdmpp.predict import local_threads
     from tensorplan.cdmpp.tasks import task_from_script
 
     threads = local_threads("local" if threads is None else f"local-{threads}t")   # checked against this CPU

@@ -60,6 +60,21 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def host_id() -> str:
+    """This CPU as a file-name slug: 'amd-epyc-family-25-model-1'."""
+    from tensorplan.devices.detect import cpu_info
+
+    return re.sub(r"[^a-z0-9]+", "-", cpu_info()["model"].lower()).strip("-")
+
+
+def local_model_path(threads: int) -> Path:
+    """Where `tensorplan calibrate` saves this CPU's calibration at `threads` threads, and where
+    `predict` looks for it."""
+    from tensorplan.paths import cache_dir
+
+    return cache_dir() / "models" / f"cdmpp-local-{host_id()}-{threads}t.pt"
+
+
 # ------------------------------------------------------------------------------------------------
 # Result objects
 # ------------------------------------------------------------------------------------------------
@@ -579,7 +594,6 @@ def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local
     is_gpu = spec.kind == "gpu"
     local = re.fullmatch(r"local-(\d+)t", dom)
     if weights is None and calibrated and local:
-        from tensorplan.cdmpp.local_calibration import local_model_path
         here_model = local_model_path(int(local.group(1)))
         weights = here_model if here_model.exists() else None    # `tensorplan calibrate` made one for this CPU
     if weights is None and is_gpu:

@@ -1,19 +1,24 @@
-"""`tensorplan demo`: the main job on a bundled model."""
+"""`tensorplan demo`: the main job on a model (a bundled one by default).
+
+Parses, makes one call (`tensorplan.run_demo`) and prints its report."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from tensorplan.cli.common import MODEL_HELP
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def demo(model: str = typer.Argument("candy", help="Zoo name, ONNX path or PyTorch factory "
-                                         "(pkg.module:factory or file.py:factory returning (module, inputs))."),
-             threads: int = typer.Option(2, help="Intra-op threads for every runtime."),
-             opset: int = typer.Option(17, help="Opset of the zoo export."),
+    def demo(model: str = typer.Argument("candy", help=MODEL_HELP),
+             threads: int = typer.Option(None, help="Intra-op threads for every runtime (default: every core "
+                                                    "this process may use)."),
+             opset: int = typer.Option(17, help="Opset of a zoo or PyTorch export (ONNX files keep theirs)."),
              orchestrate: bool = typer.Option(True, help="Also plan fused kernels (Korch, measured "
                                               "costs cached in the store), run the plan and race it "
                                               "against ONNX Runtime."),
@@ -23,61 +28,64 @@ def register(app: typer.Typer) -> None:
                                            "(`tensorplan run` / `tensorplan export` take it)."),
              vs_torch_compile: bool = typer.Option(True, "--vs-torch-compile/--no-vs-torch-compile",
                                                    help="Also race torch.compile of the model's PyTorch module "
-                                                   "(zoo models and factories; compiling takes seconds to a minute)."),
+                                                   "(zoo models and PyTorch factories have one)."),
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
         """The main job: plan MODEL's fused kernels and race the plan against ORT and torch.compile.
 
         Imports MODEL, checks the reference executor against ONNX Runtime, shows the device and
         per-operator timings, then orchestrates fused kernels and races the plan against ONNX
         Runtime and torch.compile, interleaved."""
-        from tensorplan.workflows.demo import run_demo
+        import tensorplan as tp
 
         con = Console(stderr=as_json)
-        rep = run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
-                       progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"),
-                       vs_torch_compile=vs_torch_compile, save_plan=save_plan)
-        ok_all = rep.agree and (rep.plan is None or rep.plan["agree"])
+        rep = tp.run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
+                          progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"),
+                          vs_torch_compile=vs_torch_compile, save_plan=save_plan)
+        ok_all = rep.agree and (rep.plan is None or rep.plan.agree)
         if report:
             from tensorplan.workflows.report import write_demo_report
             con.print(f"[dim]report: {write_demo_report(rep, report)}[/]")
         if as_json:
             print(json.dumps(rep.to_dict(), indent=2, default=str))
             raise typer.Exit(0 if ok_all else 1)
-        d = rep.device
-        con.print(f"[bold]device[/]: {d['name']} — {d.get('cores')} cores, "
-                  f"{d.get('peak_fp32_gflops', 0):.0f} GFLOP/s matmul (measured), "
-                  f"{d.get('mem_bw_gbs', 0):.1f} GB/s (measured)")
-        con.print(f"[bold]model[/]: {rep.model} — {rep.nodes} nodes, {rep.params / 1e6:.2f} M params, "
-                  f"{rep.gflops:.2f} GFLOPs, imported in {rep.import_s:.2f} s")
-        ok = "[green]agree[/]" if rep.agree else "[red]DISAGREE[/]"
-        con.print(f"ONNX Runtime median {rep.ort_median_ms:.2f} ms (CoV {rep.ort_cov:.1%}); "
-                  f"reference executor {rep.reference_ms:.1f} ms; max rel. error "
-                  f"{rep.max_rel_error:.2e} → {ok} (tolerance {rep.tolerance:.0e})")
-        t = Table(title="ONNX Runtime time per operator type (per inference)")
-        for col in ("op", "nodes", "ms", "share"):
-            t.add_column(col, justify="right" if col != "op" else "left")
-        for o in rep.per_op:
-            t.add_row(o.op, str(o.count), f"{o.total_ms:.3f}", f"{o.share:.1%}")
-        con.print(t)
-        p = rep.plan
-        if p:
-            ok = "[green]agree[/]" if p["agree"] else "[red]DISAGREE[/]"
-            con.print(f"[bold]plan[/]: {p['kernels']} kernels from {p['primitives']} primitives "
-                      f"(solver {p['solver']}, optimised in {p['optimise_s']:.1f} s; backends {p['backends']})")
-            con.print(f"interleaved medians: tensorplan {p['plan_median_ms']:.2f} ms (CoV {p['plan_cov']:.1%}) "
-                      f"vs ONNX Runtime {p['ort_median_ms']:.2f} ms (CoV {p['ort_cov']:.1%}) → "
-                      f"[bold]{p['speedup_vs_ort']:.2f}×[/]; predicted {p['predicted_ms']:.2f} ms; "
-                      f"max rel. error vs ONNX Runtime {p['max_rel_error']:.2e} → {ok}")
-            tc = p["torch_compile"]
-            if "median_ms" in tc:
-                con.print(f"same rounds: torch.compile {tc['median_ms']:.2f} ms (CoV {tc['cov']:.1%}, compiled in "
-                          f"{tc['compile_s']:.1f} s) → tensorplan [bold]{tc['speedup']:.2f}×[/]")
-            else:
-                con.print(f"[dim]torch.compile not raced: {tc['skipped']}[/]")
-            if p.get("saved"):
-                from pathlib import Path
-                onnx_out = Path(p["saved"]).parent / (Path(p["saved"]).name.split(".")[0] + ".onnx")
-                con.print(f"plan: {p['saved']}; as one ONNX file for stock ONNX Runtime: "
-                          f"[bold]tensorplan export {p['saved']} -o {onnx_out}[/]")
+        _print(con, rep)
         if not ok_all:
             raise typer.Exit(1)
+
+
+def _print(con: Console, rep) -> None:
+    d = rep.device
+    con.print(f"[bold]device[/]: {d.name} — {d.cores} cores, {d.peak_fp32_gflops:.0f} GFLOP/s matmul (measured), "
+              f"{d.mem_bw_gbs:.1f} GB/s (measured)")
+    con.print(f"[bold]model[/]: {rep.model} — {rep.nodes} nodes, {rep.params / 1e6:.2f} M params, "
+              f"{rep.gflops:.2f} GFLOPs, imported in {rep.import_s:.2f} s")
+    ok = "[green]agree[/]" if rep.agree else "[red]DISAGREE[/]"
+    con.print(f"ONNX Runtime median {rep.ort_median_ms:.2f} ms (CoV {rep.ort_cov:.1%}); "
+              f"reference executor {rep.reference_ms:.1f} ms; max rel. error "
+              f"{rep.max_rel_error:.2e} → {ok} (tolerance {rep.tolerance:.0e})")
+    t = Table(title="ONNX Runtime time per operator type (per inference)")
+    for col in ("op", "nodes", "ms", "share"):
+        t.add_column(col, justify="right" if col != "op" else "left")
+    for o in rep.per_op:
+        t.add_row(o.op, str(o.count), f"{o.total_ms:.3f}", f"{o.share:.1%}")
+    con.print(t)
+    p = rep.plan
+    if p is None:
+        return
+    ok = "[green]agree[/]" if p.agree else "[red]DISAGREE[/]"
+    con.print(f"[bold]plan[/]: {p.kernels} kernels from {p.primitives} primitives "
+              f"(solver {p.solver}, optimised in {p.optimise_s:.1f} s; backends {p.backends})")
+    con.print(f"interleaved medians: tensorplan {p.plan_median_ms:.2f} ms (CoV {p.plan_cov:.1%}) "
+              f"vs ONNX Runtime {p.ort_median_ms:.2f} ms (CoV {p.ort_cov:.1%}) → "
+              f"[bold]{p.speedup_vs_ort:.2f}×[/]; predicted {p.predicted_ms:.2f} ms; "
+              f"max rel. error vs ONNX Runtime {p.max_rel_error:.2e} → {ok}")
+    tc = p.torch_compile
+    if tc.median_ms is not None:
+        con.print(f"same rounds: torch.compile {tc.median_ms:.2f} ms (CoV {tc.cov:.1%}, compiled in "
+                  f"{tc.compile_s:.1f} s) → tensorplan [bold]{tc.speedup:.2f}×[/]")
+    else:
+        con.print(f"[dim]torch.compile not raced: {tc.skipped}[/]")
+    if p.saved:
+        onnx_out = Path(p.saved).parent / (Path(p.saved).name.split(".")[0] + ".onnx")
+        con.print(f"plan: {p.saved}; as one ONNX file for stock ONNX Runtime: "
+                  f"[bold]tensorplan export {p.saved} -o {onnx_out}[/]")

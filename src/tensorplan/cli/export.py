@@ -1,4 +1,6 @@
-"""`tensorplan export`: a plan (or a model's exact rewrites) as one ONNX file for stock ONNX Runtime."""
+"""`tensorplan export`: a plan (or a model's exact rewrites) as one ONNX file for stock ONNX Runtime.
+
+Parses, makes one call (`tensorplan.export_onnx`) and prints its result."""
 from __future__ import annotations
 
 import json
@@ -7,32 +9,33 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tensorplan.cli.common import MODEL_HELP, input_shape_option, parse_shapes
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def export(
-        target: str = typer.Argument(..., help="Plan JSON from `tensorplan orchestrate`, or a model (ONNX path, "
-                                               "zoo name, pkg.mod:factory): then its exact rewrites only."),
+        target: str = typer.Argument(..., help="A plan JSON from `tensorplan orchestrate -o`, or a model (then its "
+                                               "exact rewrites only). " + MODEL_HELP),
         output: str = typer.Option(..., "--output", "-o", help="Write the ONNX model here."),
-        threads: int = typer.Option(2, help="ONNX Runtime intra-op threads for the check and the timing."),
+        threads: int = typer.Option(None, help="ONNX Runtime intra-op threads for the check and the timing "
+                                               "(default: every core this process may use)."),
         check: bool = typer.Option(True, "--check/--no-check",
                                    help="Compare its outputs with ONNX Runtime on the original model."),
         tol: float = typer.Option(None, help="Max relative error accepted by --check (default: 1e-4 for fp32 "
                                              "outputs, 8 machine epsilons for fp16/bf16)."),
         rounds: int = typer.Option(15, help="Interleaved timing rounds, original vs exported (0: no timing)."),
-        input_shape: list[str] = typer.Option(None, "--input-shape",
-                                              help="NAME=D1,D2,... for a dynamic ONNX model (repeatable)."),
-        opset: int = typer.Option(17, help="Opset of a zoo export (plans and ONNX files keep theirs)."),
+        input_shape: list[str] = input_shape_option(),
+        opset: int = typer.Option(17, help="Opset of a zoo or PyTorch export (plans and ONNX files keep theirs)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
         """Write a plan as one standalone ONNX file, check it and time it against the original in ONNX Runtime."""
-        from tensorplan.ir.onnx_import import parse_input_shapes
-        from tensorplan.workflows.export import export_onnx
+        import tensorplan as tp
         con = Console(stderr=True)
         log = None if as_json else (lambda msg: con.print(f"[dim]{msg}[/]"))
         with con.status(f"exporting {target} ..."):
-            res = export_onnx(target, output, threads=threads, check=check, tol=tol, rounds=rounds, opset=opset,
-                              input_shapes=parse_input_shapes(input_shape) or None, log=log)
+            res = tp.export_onnx(target, output, threads=threads, check=check, tol=tol, rounds=rounds, opset=opset,
+                                 input_shapes=parse_shapes(input_shape), log=log)
         if as_json:
             print(json.dumps(res.to_dict(), indent=2, default=float))
         else:

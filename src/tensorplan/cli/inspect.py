@@ -1,4 +1,6 @@
-"""`tensorplan inspect`: what a model is made of, and whether tensorplan computes it right."""
+"""`tensorplan inspect`: what a model is made of, and whether tensorplan computes it right.
+
+Parses, makes one call (`tensorplan.inspect`) and prints its report."""
 from __future__ import annotations
 
 import json
@@ -6,6 +8,8 @@ import json
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from tensorplan.cli.common import MODEL_HELP, input_shape_option, parse_shapes
 
 
 def _fmt(n: float, unit: str = "") -> str:
@@ -17,29 +21,27 @@ def _fmt(n: float, unit: str = "") -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def inspect(model: str = typer.Argument(..., help="ONNX path or zoo model name."),
-                input_shape: list[str] = typer.Option(
-                    None, "--input-shape", help="Static shape for an input, NAME=D1,D2,... "
-                    "(repeatable), e.g. x=1,3,224,224."),
-                opset: int = typer.Option(17, help="Opset of the zoo export (ONNX files keep theirs)."),
+    def inspect(model: str = typer.Argument(..., help=MODEL_HELP),
+                input_shape: list[str] = input_shape_option(),
+                opset: int = typer.Option(17, help="Opset of a zoo or PyTorch export (ONNX files keep theirs)."),
                 check: bool = typer.Option(False, "--check", help="Compare the reference executor "
-                                           "with ONNX Runtime on random inputs (tolerance 1e-4; fp16/bf16 outputs: 8 machine epsilons)."),
+                                           "with ONNX Runtime on random inputs (tolerance 1e-4; fp16/bf16 outputs: "
+                                           "8 machine epsilons)."),
                 seed: int = typer.Option(0, help="Seed of the random inputs for --check."),
                 as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
         """Operators by type (count, FLOPs, bytes), parameters, totals, unsupported operators."""
-        from tensorplan.workflows.inspect import inspect_model
-        from tensorplan.ir.onnx_import import parse_input_shapes
+        import tensorplan as tp
 
-        shapes = parse_input_shapes(input_shape)
+        shapes = parse_shapes(input_shape)
         con = Console()
         if as_json:
-            rep = inspect_model(model, shapes or None, opset, check, seed)
-            print(json.dumps(rep, indent=2))
+            rep = tp.inspect(model, shapes, opset, check, seed)
+            print(json.dumps(rep.to_dict(), indent=2))
         else:
             with con.status(f"importing {model} ..."):
-                rep = inspect_model(model, shapes or None, opset, check, seed)
-            _print(con, rep)
-        if check and not rep["check"].get("passed", False):
+                rep = tp.inspect(model, shapes, opset, check, seed)
+            _print(con, rep.to_dict())
+        if check and not rep.check.get("passed", False):
             raise typer.Exit(1)
 
 

@@ -107,10 +107,9 @@ def register(app: typer.Typer) -> None:
                                                       "TVMScript into this directory, with an index."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Predict per-kernel and whole-model latency with CDMPP (each kernel's default, untuned schedule).
+        """Predict per-kernel and whole-model latency with CDMPP.
 
-        The total sums each fused kernel's predicted latency with its default schedule (its first
-        valid meta-schedule sample), which is what TVM runs for kernels it has not tuned."""
+        The total sums each kernel's default schedule (first valid sample): the latency of TVM's untuned kernels."""
         from tensorplan.cdmpp.predict import predict
         from tensorplan.ir.onnx_import import parse_input_shapes
 

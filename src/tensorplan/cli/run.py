@@ -1,4 +1,6 @@
-"""`tensorplan run`: compile a plan's kernels, run it, time it, check it against ONNX Runtime."""
+"""`tensorplan run`: compile a plan's kernels, run it, time it, check it against ONNX Runtime.
+
+Parses, makes one call (`tensorplan.load_plan(path).run(...)`) and prints its result."""
 from __future__ import annotations
 
 import json
@@ -10,9 +12,11 @@ from rich.table import Table
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def run(plan: str = typer.Argument(..., help="Plan JSON written by `tensorplan orchestrate`."),
+    def run(plan: str = typer.Argument(..., help="Plan JSON written by `tensorplan orchestrate -o` or "
+                                                 "`tensorplan demo --save-plan`."),
             repeats: int = typer.Option(0, "--repeats", "-n", help="Timed runs (0: repeat for ~2 s)."),
-            threads: int = typer.Option(2, help="Threads for every backend (TVM, ONNX Runtime, torch)."),
+            threads: int = typer.Option(None, help="Threads for every backend (TVM, ONNX Runtime, torch; default: "
+                                                   "what the plan was made with, at most every usable core)."),
             check: bool = typer.Option(True, "--check/--no-check",
                                        help="Compare outputs with ONNX Runtime on the original model."),
             tol: float = typer.Option(None, help="Max relative error accepted by --check (default: 1e-4 "
@@ -21,16 +25,16 @@ def register(app: typer.Typer) -> None:
                                               help="Also time every kernel alone (sum vs end-to-end)."),
             as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
         """Run a plan on this machine: median latency, predicted vs measured, max error vs ORT."""
-        from tensorplan.runtime.executor import run_plan
+        import tensorplan as tp
         con = Console(stderr=True)
+        p = tp.load_plan(plan)
+        kw = dict(check=check, repeats=repeats or None, threads=threads, kernel_times=kernel_times, tol=tol)
         if as_json:
-            res = run_plan(plan, check=check, repeats=repeats or None, threads=threads, kernel_times=kernel_times,
-                           tol=tol)
+            res = p.run(**kw)
             print(json.dumps(res.to_dict(), indent=2, default=float))
         else:
             with con.status(f"compiling and running {plan} ..."):
-                res = run_plan(plan, check=check, repeats=repeats or None, threads=threads,
-                               kernel_times=kernel_times, tol=tol)
+                res = p.run(**kw)
             _print(Console(), res)
         if check and not res.ok:
             raise typer.Exit(1)

@@ -1,4 +1,6 @@
-"""`tensorplan store ...`: inspect and export the measurement store."""
+"""`tensorplan store ...`: inspect and export the measurement store.
+
+Parses, calls `tensorplan.Store` and prints."""
 from __future__ import annotations
 
 import json
@@ -18,12 +20,12 @@ _STORE_OPT = typer.Option(None, "--store", help="Store file (default: $TENSORPLA
 def stats(store: Optional[Path] = _STORE_OPT,
           json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Counts per table, program kind and device; file size; schema version."""
+    import tensorplan as tp
     from tensorplan.errors import StoreError
-    from tensorplan.measure.store import Store
 
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
-    s = Store(store).stats()
+    s = tp.Store(store).stats()
     if json_out:
         print(json.dumps(s, indent=1))
         return
@@ -45,12 +47,12 @@ def stats(store: Optional[Path] = _STORE_OPT,
 def export(parquet: Path = typer.Option(..., "--parquet", help="Directory for one parquet file per table."),
            store: Optional[Path] = _STORE_OPT) -> None:
     """Export every table to parquet (for training sets)."""
+    import tensorplan as tp
     from tensorplan.errors import StoreError
-    from tensorplan.measure.store import Store
 
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
-    files = Store(store).export_parquet(parquet)
+    files = tp.Store(store).export_parquet(parquet)
     for table, f in files.items():
         print(f"{table}: {f}")
 

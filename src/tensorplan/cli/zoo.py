@@ -1,4 +1,6 @@
-"""`tensorplan zoo`: list the built-in reference models and export them to ONNX."""
+"""`tensorplan zoo`: list the built-in reference models and export them to ONNX.
+
+Parses, calls `tensorplan.zoo` and prints."""
 from __future__ import annotations
 
 import json
@@ -23,8 +25,9 @@ def list_cmd(tag: Optional[str] = typer.Option(None, "--tag", help="only models 
                                                 "(korch, codl, test, transformer, detection, ...)"),
              as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """List zoo models: name, inputs, parameter count, tags, description."""
-    from tensorplan import zoo
+    import tensorplan as tp
 
+    zoo = tp.zoo
     rows = []
     for e in zoo.list_models(tag):
         d = e.to_dict()
@@ -51,9 +54,9 @@ def export_cmd(name: str = typer.Argument(..., help="zoo model name (see `tensor
                force: bool = typer.Option(False, "--force", help="re-export even if a cached file is current"),
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Export NAME to ONNX (cached under the tensorplan cache dir) and optionally copy it to -o."""
-    from tensorplan import zoo
+    import tensorplan as tp
 
-    path = zoo.export(name, opset=opset, force=force)
+    path = tp.zoo.export(name, opset=opset, force=force)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, output)

@@ -36,8 +36,9 @@ def device(name_or_path: str | Path | DeviceSpec = "local", *, refresh: bool = F
     """A device as a `DeviceSpec`: 'local' = this CPU with every usable thread (measured numbers,
     cached); 'local-Nt' = this CPU at N threads; 'local-gpu'/'cuda' = this machine's first CUDA GPU;
     a path to a spec saved with `DeviceSpec.save` (a `.json` file); otherwise a catalog name or
-    alias, case-insensitive (e.g. 'h100', 'sd855-gpu', 'Adreno-640'). A spec is returned as is."""
-    if isinstance(name_or_path, DeviceSpec):
+    alias, case-insensitive (e.g. 'h100', 'sd855-gpu', 'Adreno-640'). A spec (or any object with a
+    spec's fields) is returned as is."""
+    if not isinstance(name_or_path, (str, Path)):
         return name_or_path
     if _is_spec_file(name_or_path):
         return DeviceSpec.load(name_or_path)

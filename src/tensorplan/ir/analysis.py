@@ -144,14 +144,17 @@ def op_summary(graph: Graph) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items(), key=lambda kv: (-kv[1]["flops"], -kv[1]["count"], kv[0])))
 
 
-def check_against_ort(graph: Graph, onnx_model=None, seed: int = 0, threads: int = 2,
+def check_against_ort(graph: Graph, onnx_model=None, seed: int = 0, threads: int | None = None,
                       tol: float | None = None) -> dict:
     """Run the reference executor and ONNX Runtime on the same random inputs.
 
     `onnx_model` (path or ModelProto) is the original file; without it the graph
     is exported with `graph_to_onnx`. Returns per-output relative errors
-    (max|ref-ort| / max(max|ort|, eps)) and `passed` at `tol` (default: `default_tolerance`)."""
+    (max|ref-ort| / max(max|ort|, eps)) and `passed` at `tol` (default: `default_tolerance`).
+    ONNX Runtime gets `threads` threads (default every usable core)."""
     import onnx
+
+    from tensorplan.forkmap import default_workers
 
     from tensorplan.ir.reference import default_tolerance, random_feeds, rel_error, run_reference
     from tensorplan.ir.to_onnx import run_onnxruntime
@@ -162,7 +165,7 @@ def check_against_ort(graph: Graph, onnx_model=None, seed: int = 0, threads: int
     model = onnx_model if onnx_model is not None else graph
     if not isinstance(model, (Graph, onnx.ModelProto)):
         model = onnx.load(str(model))
-    ort_out = run_onnxruntime(model, feeds, threads=threads)
+    ort_out = run_onnxruntime(model, feeds, threads=int(threads or default_workers()))
     errors = {o: rel_error(ref[o], ort_out[o]) for o in graph.outputs}
     worst = max(errors.values()) if errors else 0.0
     return {"rel_errors": errors, "max_rel_error": worst, "tolerance": tol,

@@ -102,18 +102,24 @@ class DemoReport:
         return asdict(self)
 
 
-def ort_per_op_profile(onnx_path: str, feeds: dict[str, np.ndarray], threads: int = 2,
-                       runs: int = 10) -> list[OpTiming]:
-    """Per-operator-type time from ONNX Runtime's own profiler (median run's node events)."""
+def _ort_session(model: str | bytes, threads: int, profile_prefix: str | None = None):
+    """A CPU session on `model` (a path or the file's bytes) at `threads` intra-op threads."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    so.enable_profiling = True
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def ort_per_op_profile(model: str | bytes, feeds: dict[str, np.ndarray], threads: int | None = None,
+                       runs: int = 10) -> list[OpTiming]:
+    """Per-operator-type time from ONNX Runtime's own profiler (median run's node events)."""
     with tempfile.TemporaryDirectory() as tmp:
-        so.profile_file_prefix = os.path.join(tmp, "ort")
-        sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+        sess = _ort_session(model, int(threads or usable_cores()), os.path.join(tmp, "ort"))
         for _ in range(runs):
             sess.run(None, feeds)
         prof = sess.end_profiling()
@@ -134,22 +140,13 @@ def ort_per_op_profile(onnx_path: str, feeds: dict[str, np.ndarray], threads: in
                   key=lambda t: -t.total_ms)
 
 
-def model_onnx_path(model: str, opset: int) -> str:
-    """The original ONNX file behind a model spec (ORT is the reference, so it runs the
-    original, not our re-export)."""
-    from tensorplan.zoo.specs import resolve_model_path
-
-    return str(resolve_model_path(model, opset))
-
-
 def interleaved_medians(fns: dict[str, callable], rounds: int = 15, burst_s: float = 0.03) -> dict:
     """Median latency of each callable, timed as the benchmarks do (`measure.timer.interleaved`):
     a fresh random order every round, a 50 ms pause before each contender so the previous one's
     spinning thread pool parks, then one untimed call and a ~`burst_s` burst whose median is kept.
     Why the pause: without it, the contender timed right after an ONNX Runtime session may run while
-    that session's workers still spin on the 2 cores (bench/spin_pause_probe.py times identical
-    sessions both ways); the demo now measures exactly as the benchmarks it is compared with.
-    Returns {name: Timing}."""
+    that session's workers still spin on the same cores; the demo measures exactly as the
+    benchmarks it is compared with. Returns {name: Timing}."""
     from tensorplan.measure.timer import Timing, interleaved
 
     samples = interleaved(fns, rounds, burst_s=burst_s)
@@ -158,67 +155,59 @@ def interleaved_medians(fns: dict[str, callable], rounds: int = 15, burst_s: flo
                                    "medians") for n, v in samples.items()}
 
 
-def run_demo(model: str = "candy", threads: int = 2, opset: int = 17, orchestrate: bool = True,
+def run_demo(model: str | Graph = "candy", threads: int | None = None, opset: int = 17, orchestrate: bool = True,
              progress: bool = False, log=None, vs_torch_compile: bool = True,
              save_plan: str | None = None) -> DemoReport:
-    """Import `model` (zoo name, ONNX path or PyTorch factory `pkg.mod:factory`), run it in ONNX Runtime and in the reference
-    executor, compare, and profile per operator; then (orchestrate=True) plan its kernels with
-    measured costs, run the plan, check it against ONNX Runtime and time both interleaved, with
-    `torch.compile` of the model's PyTorch module (zoo models and factories have one;
-    `vs_torch_compile=False` skips it) as a third contender on the same inputs. `save_plan` writes
-    the plan JSON there (for `tensorplan run` / `tensorplan export`)."""
-    from tensorplan.devices import resolve
-    from tensorplan.zoo.specs import load_model
+    """Load `model` once (a `Graph`, zoo name, ONNX path or PyTorch factory), run it in ONNX Runtime
+    and in the reference executor, compare, and profile per operator; then (`orchestrate`) plan its
+    kernels with measured costs (`tensorplan.orchestrate`, race included), run the plan, check it
+    against ONNX Runtime and time both interleaved, with `torch.compile` of the model's PyTorch
+    module (zoo models and factories have one; `vs_torch_compile=False` skips it) as a third
+    contender on the same inputs. Every runtime gets `threads` threads (default every usable core).
+    `save_plan` writes the plan JSON there (for `tensorplan run` / `tensorplan export`)."""
+    from tensorplan import devices
     from tensorplan.ir.analysis import graph_flops
-    from tensorplan.ir.reference import random_feeds, run_reference
+    from tensorplan.ir.reference import default_tolerance, random_feeds, rel_error, run_reference
     from tensorplan.measure.timer import measure, pinned_threads
+    from tensorplan.zoo.specs import as_graph, onnx_bytes
 
+    threads = int(threads or usable_cores())
+    device = devices.device("local" if threads == usable_cores() else f"local-{threads}t")
     t0 = time.perf_counter()
-    graph = load_model(model, opset=opset)
+    graph = as_graph(model, opset=opset)
     import_s = time.perf_counter() - t0
-    device = resolve("local")
     feeds = random_feeds(graph, seed=0)
-
-    import onnxruntime as ort
-
-    path = model_onnx_path(model, opset)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    original = onnx_bytes(graph, opset)    # ONNX Runtime is the reference: it runs the original file
+    sess = _ort_session(original, threads)
     with pinned_threads(threads):
         ort_out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
         ort_t = measure(lambda: sess.run(None, feeds), budget_s=2.0, max_repeats=50)
         t1 = time.perf_counter()
         ref_out = run_reference(graph, feeds)
         ref_s = time.perf_counter() - t1
-    per_op = ort_per_op_profile(path, feeds, threads)
-
-    from tensorplan.ir.reference import default_tolerance, rel_error
-
+    per_op = ort_per_op_profile(original, feeds, threads)
     err = max(rel_error(ref_out[name], want) for name, want in ort_out.items())
     tol = default_tolerance(graph)
     plan_summary = None
     if orchestrate:
-        plan_summary = _orchestrate_and_race(model, opset, threads, path_for_ort=path,
-                                             feeds=feeds, progress=progress, log=log,
-                                             torch_args=[feeds[n] for n in graph.inputs] if vs_torch_compile else None,
-                                             save_plan=save_plan)
+        plan_summary = _orchestrate_and_race(graph, device, threads, sess, feeds=feeds, progress=progress, log=log,
+                                             vs_torch_compile=vs_torch_compile, opset=opset, save_plan=save_plan)
     return DemoReport(
-        model=model, nodes=len(graph.nodes), params=graph.num_parameters(),
-        gflops=graph_flops(graph) / 1e9, import_s=import_s, device=device.to_dict(),
+        model=graph.source or graph.name, nodes=len(graph.nodes), params=graph.num_parameters(),
+        gflops=graph_flops(graph) / 1e9, import_s=import_s, device=device,
         ort_median_ms=ort_t.median_s * 1e3, ort_cov=ort_t.cov, reference_ms=ref_s * 1e3,
         max_rel_error=err, agree=err <= tol, tolerance=tol, per_op=per_op, plan=plan_summary)
 
 
-def _torch_compiled(model: str, opset: int, args: list[np.ndarray], log) -> tuple:
+def _torch_compiled(graph: Graph, opset: int, args: list[np.ndarray], log) -> tuple:
     """(runner, compile seconds, None) for `torch.compile` of the model's module on `args` (the
     same values ONNX Runtime gets), or (None, None, why) when there is no module or it fails."""
-    from tensorplan.zoo.from_torch import torch_source
+    from tensorplan.zoo.specs import torch_source
 
-    src = torch_source(model, opset)
+    src = torch_source(graph, opset)
     if src is None:
-        return None, None, "no PyTorch module behind an ONNX file"
+        return None, None, ("no PyTorch module behind an ONNX file" if graph.source else
+                            "no PyTorch module behind a graph built in memory")
     import torch
 
     module = src[0].eval()
@@ -240,29 +229,23 @@ def _torch_compiled(model: str, opset: int, args: list[np.ndarray], log) -> tupl
     return run, compile_s, None
 
 
-def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: str, feeds, progress, log,
-                          torch_args: list[np.ndarray] | None = None, save_plan: str | None = None):
+def _orchestrate_and_race(graph: Graph, device: DeviceSpec, threads: int, sess, feeds, progress, log,
+                          vs_torch_compile: bool, opset: int, save_plan: str | None = None) -> DemoPlan:
     """Korch pipeline with measured kernel costs (cached in the store), then the plan against
     ONNX Runtime on the original model, interleaved."""
-    import onnxruntime as ort
-
     from tensorplan.ir.reference import default_tolerance, rel_error
     from tensorplan.measure.timer import pinned_threads
     from tensorplan.runtime.executor import PlanExecutor
-    from tensorplan.workflows.race import orchestrate_raced
+    from tensorplan.workflows.orchestrate import orchestrate
 
-    plan, _ = orchestrate_raced(model, opset=opset, cost="measured", threads=threads, progress=progress,
-                                log=log)
+    plan = orchestrate(graph, device=device, cost="measured", threads=threads, feeds=feeds, progress=progress,
+                       log=log)
     saved = str(plan.save(save_plan)) if save_plan else None
     prim = plan.primitive_graph()
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(path_for_ort, so, providers=["CPUExecutionProvider"])
     tc_run, tc_s, tc_why = (None, None, "skipped (vs_torch_compile=False)")
     with pinned_threads(threads):
-        if torch_args is not None:
-            tc_run, tc_s, tc_why = _torch_compiled(model, opset, torch_args, log)
+        if vs_torch_compile:
+            tc_run, tc_s, tc_why = _torch_compiled(graph, opset, [feeds[n] for n in graph.inputs], log)
         ex = PlanExecutor(plan, prim, threads=threads)
         outs = ex.run(feeds)
         ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
@@ -277,22 +260,27 @@ def _orchestrate_and_race(model: str, opset: int, threads: int, path_for_ort: st
     kernel_list = []
     for s in ex.slots:
         ops = Counter(op_of.get(n, "?") for n in s.kernel.nodes)
-        kernel_list.append({"id": s.kernel.id, "backend": s.backend, "kind": s.kernel.kind,
-                            "primitives": len(s.kernel.nodes), "predicted_us": s.kernel.predicted_s * 1e6,
-                            "ops": ", ".join(f"{o}×{c}" if c > 1 else o for o, c in ops.most_common(4))
-                            + (" …" if len(ops) > 4 else "")})
-    return {"kernels": len(plan.kernels), "primitives": plan.source.get("num_primitives"),
-            "solver": plan.solver.get("status"), "predicted_ms": plan.predicted_s * 1e3,
-            "optimise_s": plan.timing.get("total_s"), "backends": ex.backend_counts(),
-            "plan_median_ms": t_plan.median_s * 1e3, "plan_cov": t_plan.cov,
-            "ort_median_ms": t_ort.median_s * 1e3, "ort_cov": t_ort.cov,
-            "speedup_vs_ort": t_ort.median_s / t_plan.median_s,
-            "torch_compile": ({"median_ms": timings["torch.compile"].median_s * 1e3,
-                               "cov": timings["torch.compile"].cov, "compile_s": tc_s,
-                               "speedup": timings["torch.compile"].median_s / t_plan.median_s}
-                              if tc_run is not None else {"skipped": tc_why}),
-            "max_rel_error": err, "agree": err <= tol, "tolerance": tol,
-            "rounds_ms": {n: [v * 1e3 for v in t.repeats] for n, t in timings.items()},
-            "rewrites": dict(Counter(r for r, _ in plan.source.get("rewrites", []))),
-            "race": plan.stats.get("race"), "saved": saved,
-            "kernel_list": kernel_list}
+        kernel_list.append(DemoKernel(id=s.kernel.id, backend=s.backend, kind=s.kernel.kind,
+                                      primitives=len(s.kernel.nodes), predicted_us=s.kernel.predicted_s * 1e6,
+                                      ops=", ".join(f"{o}×{c}" if c > 1 else o for o, c in ops.most_common(4))
+                                      + (" …" if len(ops) > 4 else "")))
+    if tc_run is not None:
+        t_tc = timings["torch.compile"]
+        tc = TorchCompileRace(median_ms=t_tc.median_s * 1e3, cov=t_tc.cov, compile_s=tc_s,
+                              speedup=t_tc.median_s / t_plan.median_s)
+    else:
+        tc = TorchCompileRace(skipped=tc_why)
+    return DemoPlan(kernels=len(plan.kernels), primitives=int(plan.source.get("num_primitives") or 0),
+                    solver=str(plan.solver.get("status")), predicted_ms=plan.predicted_s * 1e3,
+                    optimise_s=float(plan.timing.get("total_s") or 0.0), backends=ex.backend_counts(),
+                    plan_median_ms=t_plan.median_s * 1e3, plan_cov=t_plan.cov,
+                    ort_median_ms=t_ort.median_s * 1e3, ort_cov=t_ort.cov,
+                    speedup_vs_ort=t_ort.median_s / t_plan.median_s, torch_compile=tc,
+                    max_rel_error=float(err), agree=bool(err <= tol), tolerance=tol,
+                    rounds_ms={n: [v * 1e3 for v in t.repeats] for n, t in timings.items()},
+                    rewrites=dict(Counter(r for r, _ in plan.source.get("rewrites", []))),
+                    race=plan.stats.get("race"), saved=saved, kernel_list=kernel_list)
+
+
+__all__ = ["DemoKernel", "DemoPlan", "DemoReport", "OpTiming", "TorchCompileRace", "interleaved_medians",
+           "ort_per_op_profile", "run_demo"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tensorplan.workflows.demo import DemoReport
+    from tensorplan.workflows.demo import DemoKernel, DemoReport
 
 BACKEND_COLOURS = {"tvm": "#1f77b4", "ort": "#ff7f0e", "onnxruntime": "#ff7f0e", "torch": "#2ca02c",
                    "reference": "#7f7f7f", "opaque": "#d62728"}
@@ -66,14 +66,14 @@ def per_op_chart(per_op: list, top: int = 12) -> str:
     return _png(fig)
 
 
-def kernels_chart(kernels: list[dict], top: int = 25) -> str:
+def kernels_chart(kernels: list["DemoKernel"], top: int = 25) -> str:
     """The plan's most expensive kernels (predicted, from the measured cost model), by backend."""
     plt = _plt()
-    ks = sorted(kernels, key=lambda k: k["predicted_us"])[-top:]
+    ks = sorted(kernels, key=lambda k: k.predicted_us)[-top:]
     fig, ax = plt.subplots(figsize=(7, 0.6 + 0.28 * len(ks)))
-    ax.barh([f"{k['id']} ({k['primitives']} prim.)" for k in ks], [k["predicted_us"] / 1e3 for k in ks],
-            color=[BACKEND_COLOURS.get(k["backend"], "#9467bd") for k in ks])
-    seen = {k["backend"] for k in ks}
+    ax.barh([f"{k.id} ({k.primitives} prim.)" for k in ks], [k.predicted_us / 1e3 for k in ks],
+            color=[BACKEND_COLOURS.get(k.backend, "#9467bd") for k in ks])
+    seen = {k.backend for k in ks}
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=BACKEND_COLOURS.get(b, "#9467bd"), label=b) for b in sorted(seen)],
               loc="lower right", fontsize=8)
@@ -109,52 +109,52 @@ def demo_report_html(rep: "DemoReport") -> str:
              "<h2>Model and device</h2>",
              _table(["", ""], [
                  ["model", f"{rep.nodes} nodes, {rep.params / 1e6:.2f} M params, {rep.gflops:.2f} GFLOP"],
-                 ["device", f"{d.get('name')}: {d.get('cores')} cores, {d.get('peak_fp32_gflops', 0):.0f} GFLOP/s, "
-                            f"{d.get('mem_bw_gbs', 0):.1f} GB/s (measured)"],
+                 ["device", f"{d.name}: {d.cores} cores, {d.peak_fp32_gflops:.0f} GFLOP/s, "
+                            f"{d.mem_bw_gbs:.1f} GB/s (measured)"],
                  ["ONNX Runtime", f"{rep.ort_median_ms:.3f} ms (CoV {rep.ort_cov:.1%})"],
                  ["reference executor vs ONNX Runtime", f"max rel. error {rep.max_rel_error:.2e}"]]),
              f"<p>Reference executor vs ONNX Runtime: {ok} (tolerance {rep.tolerance:.0e}).</p>"]
     if p:
-        pok = '<span class="ok">agree</span>' if p["agree"] else '<span class="bad">DISAGREE</span>'
-        tc = p.get("torch_compile") or {}
-        has_tc = "median_ms" in tc
+        pok = '<span class="ok">agree</span>' if p.agree else '<span class="bad">DISAGREE</span>'
+        tc = p.torch_compile
+        has_tc = tc.median_ms is not None
         parts += ["<h2>Plan vs ONNX Runtime</h2>",
                   _table(["", "tensorplan", "ONNX Runtime"] + (["torch.compile"] if has_tc else []), [
-                      ["median ms", f"{p['plan_median_ms']:.3f}", f"{p['ort_median_ms']:.3f}"]
-                      + ([f"{tc['median_ms']:.3f}"] if has_tc else []),
-                      ["CoV of rounds", f"{p['plan_cov']:.1%}", f"{p['ort_cov']:.1%}"]
-                      + ([f"{tc['cov']:.1%}"] if has_tc else [])]),
-                  (f"<p><b>{tc['speedup']:.2f}×</b> vs torch.compile (compiled in {tc['compile_s']:.1f} s, same "
+                      ["median ms", f"{p.plan_median_ms:.3f}", f"{p.ort_median_ms:.3f}"]
+                      + ([f"{tc.median_ms:.3f}"] if has_tc else []),
+                      ["CoV of rounds", f"{p.plan_cov:.1%}", f"{p.ort_cov:.1%}"]
+                      + ([f"{tc.cov:.1%}"] if has_tc else [])]),
+                  (f"<p><b>{tc.speedup:.2f}×</b> vs torch.compile (compiled in {tc.compile_s:.1f} s, same "
                    "inputs, same rounds).</p>" if has_tc else
-                   f"<p>torch.compile not raced: {html.escape(str(tc.get('skipped', 'n/a')))}.</p>"),
-                  f"<p><b>{p['speedup_vs_ort']:.2f}×</b> vs ONNX Runtime; outputs {pok} "
-                  f"(max rel. error {p['max_rel_error']:.2e}). {p['kernels']} kernels from {p['primitives']} "
-                  f"primitives, backends {html.escape(str(p['backends']))}; solver {html.escape(str(p['solver']))}, "
-                  f"optimised in {p['optimise_s'] or 0:.1f} s; predicted {p['predicted_ms']:.2f} ms "
+                   f"<p>torch.compile not raced: {html.escape(str(tc.skipped or 'n/a'))}.</p>"),
+                  f"<p><b>{p.speedup_vs_ort:.2f}×</b> vs ONNX Runtime; outputs {pok} "
+                  f"(max rel. error {p.max_rel_error:.2e}). {p.kernels} kernels from {p.primitives} "
+                  f"primitives, backends {html.escape(str(p.backends))}; solver {html.escape(str(p.solver))}, "
+                  f"optimised in {p.optimise_s or 0:.1f} s; predicted {p.predicted_ms:.2f} ms "
                   f"(sum of kernels timed alone).</p>"]
-        if p.get("race"):
-            r = p["race"]
+        if p.race:
+            r = p.race
             parts.append("<p>Finalists raced end to end before the plan was kept (medians of "
                          f"{r['rounds']} interleaved rounds): " + html.escape(", ".join(
                              f"{k} {v:.3f} ms ({r['kernels'][k]} kernels)" for k, v in r["median_ms"].items()))
                          + f"; kept <b>{html.escape(r['chosen'])}</b>"
                          + (f" (fewest kernels within {r['margin']:.0%} of {html.escape(r['fastest'])})"
                             if r["chosen"] != r["fastest"] else "") + ".</p>")
-        if p.get("rewrites"):
-            parts.append(f"<p>Exact rewrites applied before fission: {html.escape(str(p['rewrites']))}.</p>")
-        if p.get("rounds_ms"):
-            parts.append(f"<img alt='latency per round' src='{latency_chart(p['rounds_ms'])}'>")
+        if p.rewrites:
+            parts.append(f"<p>Exact rewrites applied before fission: {html.escape(str(p.rewrites))}.</p>")
+        if p.rounds_ms:
+            parts.append(f"<img alt='latency per round' src='{latency_chart(p.rounds_ms)}'>")
     parts += ["<h2>Where ONNX Runtime spends its time</h2>",
               f"<img alt='per operator' src='{per_op_chart(rep.per_op)}'>",
               _table(["operator", "nodes", "ms", "share"],
                      [[o.op, o.count, f"{o.total_ms:.3f}", f"{o.share:.1%}"] for o in rep.per_op])]
-    if p and p.get("kernel_list"):
-        ks = p["kernel_list"]
+    if p and p.kernel_list:
+        ks = p.kernel_list
         parts += ["<h2>The plan's kernels</h2>",
                   f"<img alt='kernels' src='{kernels_chart(ks)}'>",
                   _table(["kernel", "backend", "kind", "primitives", "operators", "predicted µs"],
-                         [[k["id"], k["backend"], k["kind"], k["primitives"], k["ops"], f"{k['predicted_us']:.1f}"]
-                          for k in sorted(ks, key=lambda k: -k["predicted_us"])])]
+                         [[k.id, k.backend, k.kind, k.primitives, k.ops, f"{k.predicted_us:.1f}"]
+                          for k in sorted(ks, key=lambda k: -k.predicted_us)])]
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -1,4 +1,4 @@
-"""Trees with a within-task spacing booster (cdmpp/task_relative.py) on a slice of the real dataset."""
+"""Trees with a within-task spacing booster (`cdmpp_variants/task_relative.py`) on a slice of the real dataset."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,11 +7,13 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
+from tensorplan.cdmpp.arrays import as_arrays  # noqa: E402
+from tensorplan.cdmpp.base import load_estimator  # noqa: E402
 from tensorplan.cdmpp.baselines import RooflineLinear, TenSetXGB  # noqa: E402
-from tensorplan.cdmpp.model import as_arrays, load_estimator  # noqa: E402
-from tensorplan.cdmpp.evaluate import make_model  # noqa: E402
-from tensorplan.cdmpp.task_relative import MIX_GRID, TaskRelative  # noqa: E402
-from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
+
+from cdmpp_variants.harness import evaluate_variants, make_model  # noqa: E402
+from cdmpp_variants.task_relative import MIX_GRID, TaskRelative  # noqa: E402
+from cdmpp_variants.wrapped import validation_choices  # noqa: E402
 from test_mape_point import _split_by_task  # noqa: E402
 
 
@@ -64,9 +66,7 @@ def test_task_relative_harness_name_and_errors(cdmpp_small):
 
 def test_evaluate_records_the_mix_chosen_on_validation(cdmpp_small):
     """A result entry says which mix (and s^2) the wrapper layers picked; a plain model has no entry."""
-    from tensorplan.cdmpp.model import validation_choices
-    from tensorplan.cdmpp.evaluate import evaluate
-    res = evaluate(cdmpp_small["ds"], models=("xgboost-rel-mape", "roofline"), splits=("network",),
+    res = evaluate_variants(cdmpp_small["ds"], models=("xgboost-rel-mape", "roofline"), splits=("network",),
                    quick=True, max_cov=None)
     models = res["splits"]["network"]["models"]
     ch = models["xgboost-rel-mape"]["chosen_on_validation"]

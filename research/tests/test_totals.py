@@ -1,10 +1,10 @@
-"""Network totals from median-like kernel predictions (`cdmpp/totals.py`), on real records."""
+"""Network totals from median-like kernel predictions (`cdmpp_variants/totals.py`), on real records."""
 import numpy as np
 import pytest
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.totals import mean_factor
-from test_cdmpp_common import cdmpp_small  # noqa: F401
+
+from cdmpp_variants.totals import mean_factor
 
 
 def test_mean_factor_is_the_expected_sum_of_lognormal_errors(cdmpp_small):

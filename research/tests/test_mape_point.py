@@ -1,4 +1,4 @@
-"""The MAPE-optimal point of a trained model (cdmpp/mape_point.py) on a slice of the real dataset."""
+"""The MAPE-optimal point of a trained model (`cdmpp_variants/mape_point.py`) on a slice of the real dataset."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,11 +7,12 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
+from tensorplan.cdmpp.arrays import as_arrays  # noqa: E402
+from tensorplan.cdmpp.base import load_estimator  # noqa: E402
 from tensorplan.cdmpp.baselines import TenSetXGB  # noqa: E402
-from tensorplan.cdmpp.model import as_arrays, load_estimator  # noqa: E402
-from tensorplan.cdmpp.evaluate import make_model  # noqa: E402
-from tensorplan.cdmpp.mape_point import MapePoint, factor_floors, mape_optimal_factor  # noqa: E402
-from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
+
+from cdmpp_variants.harness import make_model  # noqa: E402
+from cdmpp_variants.mape_point import MapePoint, factor_floors, mape_optimal_factor  # noqa: E402
 
 
 def _split_by_task(arr, every: int = 3):

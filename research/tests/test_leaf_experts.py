@@ -1,4 +1,4 @@
-"""Leaf-count experts (`cdmpp/leaf_experts.py`) on a slice of the real dataset."""
+"""Leaf-count experts (`cdmpp_variants/leaf_experts.py`) on a slice of the real dataset."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +7,11 @@ import pytest
 pytest.importorskip("torch")
 
 from tensorplan.errors import TensorplanError  # noqa: E402
-from tensorplan.cdmpp.model import CDMPP, as_arrays, load_estimator  # noqa: E402
-from tensorplan.cdmpp.leaf_experts import LeafExperts  # noqa: E402
-from test_cdmpp_common import cdmpp_small  # noqa: E402,F401
+from tensorplan.cdmpp.arrays import as_arrays  # noqa: E402
+from tensorplan.cdmpp.base import load_estimator  # noqa: E402
+from tensorplan.cdmpp.model import CDMPP  # noqa: E402
+
+from cdmpp_variants.leaf_experts import LeafExperts  # noqa: E402
 
 
 def _small_cdmpp():
@@ -71,7 +73,7 @@ def test_leaf_experts_need_a_cdmpp_base():
 
 
 def test_harness_names_leaf_expert_models():
-    from tensorplan.cdmpp.evaluate import make_model
+    from cdmpp_variants.harness import make_model
     m = make_model("cdmpp-parts-leaf", quick=True)
     assert isinstance(m, LeafExperts) and isinstance(m.base, CDMPP) and m.base.parts_input
     assert make_model("cdmpp-leaf").steps == 1000
@@ -81,19 +83,14 @@ def test_harness_names_leaf_expert_models():
 
 @pytest.mark.slow
 def test_train_with_leaf_experts_saves_a_model_predict_reads(cdmpp_small, tmp_path):
-    """`tensorplan predictor train --leaf-experts`: the saved model predicts a network like any other."""
-    from typer.testing import CliRunner
-
-    from tensorplan.cli import app
+    """`train(make=...)` with leaf experts: the saved model predicts a network like any other."""
     from tensorplan.cdmpp.model import train
-    from tensorplan.cdmpp.predict import predict_network
+    from tensorplan.cdmpp.predict import predict
 
-    model, info = train(cdmpp_small["ds"], out=tmp_path / "leaf.pt", epochs=2, batch_size=64, max_cov=0.25,
-                        leaf_experts=True)
+    model, info = train(cdmpp_small["ds"], out=tmp_path / "leaf.pt", max_cov=0.25,
+                        make=lambda s: LeafExperts(CDMPP(epochs=2, batch_size=64, seed=s)))
     # this slice has no leaf count with 1,000 training programs: the base model alone, still saved as experts
     assert isinstance(model, LeafExperts) and info["model"] == "LeafExperts" and model.experts == {}
     assert info["val"]["n"] > 0 and info["epochs_run"] == 2
-    r = predict_network("tiny-mlp", device="local", weights=tmp_path / "leaf.pt")
+    r = predict("tiny-mlp", device="local", weights=tmp_path / "leaf.pt").to_dict()
     assert r["predictor"] == "LeafExperts" and r["n_kernels"] >= 3 and r["total_ms"] > 0
-    out = CliRunner().invoke(app, ["predictor", "train", "--model", "xgboost-hier", "--leaf-experts"])
-    assert out.exit_code != 0 and "--leaf-experts wraps cdmpp only" in out.output
