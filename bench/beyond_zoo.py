@@ -141,11 +141,11 @@ def main(out: Path = typer.Option(OUT, help="Results JSON."),
             continue
         t0 = time.time()
         rep = inspect_model(spec)
-        foreign = sorted({(f"{u['domain']}::" if u["domain"] else "") + u["op"] for u in rep["foreign"]})
+        foreign = sorted({(f"{u['domain']}::" if u["domain"] else "") + u["op"] for u in rep.foreign})
         d = run_demo(spec).to_dict()
         p = d["plan"]
         tc = p.get("torch_compile") or {}
-        row = {"model": label, "foreign_ops": foreign, "nodes": rep["nodes"], "gflops": rep["flops"] / 1e9,
+        row = {"model": label, "foreign_ops": foreign, "nodes": rep.nodes, "gflops": rep.flops / 1e9,
                "reference_rel_error": d["max_rel_error"], "tolerance": d["tolerance"],
                "plan_kernels": p["kernels"], "plan_backends": p["backends"], "plan_rel_error": p["max_rel_error"],
                "plan_agrees": p["agree"], "ort_ms": p["ort_median_ms"], "plan_ms": p["plan_median_ms"],

@@ -49,8 +49,8 @@ def machine_info(threads: int) -> dict:
     import torch
     import tvm
 
-    from tensorplan.devices import resolve
-    spec = resolve("local")
+    from tensorplan.devices import device
+    spec = device("local")
     return {"platform": platform.platform(), "python": platform.python_version(), "cpu": spec.name,
             "device": spec.to_dict(), "threads": threads, "nproc": os.cpu_count(),
             "loadavg": list(os.getloadavg()),
@@ -140,7 +140,7 @@ def bench_model(name: str, args, store) -> dict:
     import torch
 
     from tensorplan.cost.measured import MeasuredCost
-    from tensorplan.devices import resolve
+    from tensorplan.devices import device
     from tensorplan.ir import analysis
     from tensorplan import zoo
     from tensorplan.korch.fission import fission
@@ -157,7 +157,7 @@ def bench_model(name: str, args, store) -> dict:
     g = zoo.load(name)
     feeds = zoo.numpy_inputs(name)
     feeds = {k: v for k, v in feeds.items() if k in g.inputs}
-    spec = resolve("local")
+    spec = device("local")
     flops, mbytes = analysis.graph_flops(g), analysis.min_bytes(g)
     # The device figures are measured when first resolved; on a shared machine that can be under
     # load, so the bound also uses the best ceilings ever measured here (baselines.md) when higher:
@@ -184,13 +184,12 @@ def bench_model(name: str, args, store) -> dict:
         """The plan as `tensorplan orchestrate` keeps it: the BLP's plan raced end to end against
         its finalists (tensorplan.workflows.race: fewest kernels, no recomputation; the fewest
         kernels within --race-margin of the fastest wins)."""
-        from tensorplan.workflows.race import orchestrate_raced
-        plan, race = orchestrate_raced(
-            name, cost=cm, log=(lambda m: log(f"  {m}")) if key == "tensorplan" else None,
-            race=not args.no_race, threads=args.threads, rounds=args.race_rounds, margin=args.race_margin,
-            burst_s=args.burst_ms / 1e3, feeds=feeds, **opts, **extra)
+        plan = orchestrate(
+            g, device=spec, cost=cm, log=(lambda m: log(f"  {m}")) if key == "tensorplan" else None,
+            race=not args.no_race, threads=args.threads, race_rounds=args.race_rounds,
+            race_margin=args.race_margin, race_burst_s=args.burst_ms / 1e3, feeds=feeds, **opts, **extra)
         plans[key] = plan
-        return race.to_dict() if race else None
+        return plan.stats.get("race")
 
     t0 = time.perf_counter()
     race = raced("tensorplan")
@@ -211,14 +210,14 @@ def bench_model(name: str, args, store) -> dict:
         if race:
             res["race_no_rewrite"] = race
         prims["no-rewrite"] = plans["no-rewrite"].primitive_graph()
-        plans["no-regions"] = orchestrate(name, cost=cm, regions=False, **opts)
+        plans["no-regions"] = orchestrate(g, device=spec, cost=cm, regions=False, race=False, **opts)
         prims["no-regions"] = prims["tensorplan"]
-        plans["greedy"] = orchestrate(name, cost=cm, method="greedy", **opts)
+        plans["greedy"] = orchestrate(g, device=spec, cost=cm, method="greedy", race=False, **opts)
         prims["greedy"] = prims["tensorplan"]
-        plans["no-recompute"] = orchestrate(name, cost=cm, recompute=False, **opts)
+        plans["no-recompute"] = orchestrate(g, device=spec, cost=cm, recompute=False, race=False, **opts)
         prims["no-recompute"] = prims["tensorplan"]
         with no_fission_rules():
-            plans["no-fission"] = orchestrate(name, cost=cm, **opts)
+            plans["no-fission"] = orchestrate(g, device=spec, cost=cm, race=False, **opts)
         prims["no-fission"] = fission(plans["no-fission"].source_graph(), rules={}).graph
 
     # -- build everything, then time interleaved -------------------------------------------

@@ -177,7 +177,8 @@ def bench_linear(budget: float) -> list[dict]:
 def bench_overhead(n: int = 200) -> dict:
     from tensorplan.ir.graph import Graph, Node, Tensor
     from tensorplan.measure.timer import measure
-    from tensorplan.runtime.plan import Plan, PlanKernel, plan_buffers, topo_order
+    from tensorplan.runtime.buffers import plan_buffers
+    from tensorplan.runtime.plan import Plan, PlanKernel, topo_order
     from tensorplan.kernels.vendor import call_overheads
     from tensorplan.runtime.executor import PlanExecutor
     out = {"call_overhead_us": {k: v * 1e6 for k, v in call_overheads(2).items()}}

@@ -15,7 +15,7 @@ import pytest
 from tensorplan.devices.catalog import CATALOG, match_gpu_name
 from tensorplan.devices.spec import FEATURE_NAMES, DeviceSpec
 from tensorplan.devices.detect import cpu_info, local_cpu, local_gpu, measure_bandwidth, measure_matmul
-from tensorplan.devices import resolve
+from tensorplan.devices import device
 from tensorplan.errors import TensorplanError
 
 REQUIRED = ["t4", "v100", "a100", "h100", "h200", "rtx4090", "xeon-8380", "epyc-7763", "epyc-9654",
@@ -40,7 +40,7 @@ def shared_cache(tmp_path_factory):
 # ---- catalog -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", REQUIRED)
 def test_catalog_has_device_with_sourced_figures(name):
-    d = resolve(name)
+    d = device(name)
     assert d.peak_fp32_gflops > 0 and d.mem_bw_gbs > 0 and d.clock_ghz > 0 and d.cores >= 1
     for f in FIGURES:
         assert d.sources.get(f), f"{d.name}: figure {f} has no source"
@@ -66,27 +66,27 @@ def test_derived_peaks_match_their_formula():
 
 
 def test_known_datasheet_numbers():
-    assert resolve("h100").peak_fp32_gflops == 67000 and resolve("h100").mem_bw_gbs == 3350
-    assert resolve("T4").mem_bw_gbs == 320 and resolve("t4").cores == 40
-    assert resolve("H200").mem_bw_gbs == 4800
-    assert resolve("sd855-gpu").peak_fp32_gflops == pytest.approx(898.6, abs=0.1)   # Adreno 640
-    assert resolve("kirin990-gpu").peak_fp32_gflops == pytest.approx(460.8, abs=0.1)  # Mali-G76 MP16
+    assert device("h100").peak_fp32_gflops == 67000 and device("h100").mem_bw_gbs == 3350
+    assert device("T4").mem_bw_gbs == 320 and device("t4").cores == 40
+    assert device("H200").mem_bw_gbs == 4800
+    assert device("sd855-gpu").peak_fp32_gflops == pytest.approx(898.6, abs=0.1)   # Adreno 640
+    assert device("kirin990-gpu").peak_fp32_gflops == pytest.approx(460.8, abs=0.1)  # Mali-G76 MP16
     # the Snapdragon 888 prime core (Cortex-X1) has twice the FMA width of the A78s around it
-    assert resolve("sd888-prime").peak_fp32_gflops == pytest.approx(2 * resolve("sd855-prime").peak_fp32_gflops, rel=1e-2)
+    assert device("sd888-prime").peak_fp32_gflops == pytest.approx(2 * device("sd855-prime").peak_fp32_gflops, rel=1e-2)
     # a mobile CPU cluster and its GPU share the SoC's DRAM bandwidth
-    assert resolve("sd865-cpu").mem_bw_gbs == resolve("sd865-gpu").mem_bw_gbs == pytest.approx(44.0)
+    assert device("sd865-cpu").mem_bw_gbs == device("sd865-gpu").mem_bw_gbs == pytest.approx(44.0)
 
 
 @pytest.mark.parametrize("alias,canon", [("H100", "h100-sxm"), ("sd855_gpu", "sd855-gpu"), ("Adreno-640", "sd855-gpu"),
                                          ("a100", "a100-sxm4-40gb"), ("Mali-G76 MP16", "kirin990-gpu"),
                                          ("RTX 4090", "rtx4090"), ("EPYC-7763", "epyc-7763")])
-def test_resolve_aliases_case_insensitive(alias, canon):
-    assert resolve(alias).name == canon
+def test_device_aliases_case_insensitive(alias, canon):
+    assert device(alias).name == canon
 
 
-def test_resolve_unknown_lists_known_names():
+def test_device_unknown_lists_known_names():
     with pytest.raises(TensorplanError) as e:
-        resolve("tpu-v9")
+        device("tpu-v9")
     msg = str(e.value)
     assert "tpu-v9" in msg and "h100-sxm" in msg and "local" in msg and "sd855-gpu" in msg
 
@@ -103,7 +103,7 @@ def test_match_gpu_name(gpu_name, expected):
 
 # ---- spec ------------------------------------------------------------------------------------------
 def test_spec_roundtrip_and_key():
-    d = resolve("epyc-9654")
+    d = device("epyc-9654")
     d2 = DeviceSpec.from_dict(json.loads(json.dumps(d.to_dict())))
     assert d2 == d and d2.key() == d.key()
     # re-measured throughput does not change identity; a different core count does
@@ -198,16 +198,16 @@ def test_local_cpu_cache_and_refresh(tmp_cache):
 
 def test_local_thread_count_out_of_range():
     with pytest.raises(TensorplanError, match="local-999t"):
-        resolve("local-999t")
+        device("local-999t")
 
 
-def test_resolve_local_measures_once(shared_cache):
-    d = resolve("local-1t")
+def test_device_local_measures_once(shared_cache):
+    d = device("local-1t")
     assert d.kind == "cpu" and d.threads == 1 and d.measured and not d.extra["quick"]
     assert d.peak_fp32_gflops > 1 and d.mem_bw_gbs > 0.5
     assert d.extra["gemm_backend"] in ("onnxruntime", "torch", "numpy")
     t0 = time.perf_counter()
-    again = resolve("local-1t")
+    again = device("local-1t")
     assert time.perf_counter() - t0 < 0.5 and again.key() == d.key()
 
 
@@ -218,7 +218,7 @@ def test_local_gpu_absent_or_described():
     if not torch.cuda.is_available():
         assert g is None
         with pytest.raises(TensorplanError, match="no CUDA GPU"):
-            resolve("local-gpu")
+            device("local-gpu")
 
 
 @pytest.mark.gpu
@@ -242,6 +242,29 @@ def test_cli_devices_json(shared_cache):
     assert names[0] == "local" and "local-1t" in names
     assert all(d["measured"] and d["mem_bw_gbs"] > 0 for d in out["local"] if d["kind"] == "cpu")
     assert {d["name"] for d in out["catalog"]} >= {"h100-sxm", "sd855-gpu", "kirin990-gpu"}
+
+
+def test_cli_devices_saves_this_cpu_and_every_command_takes_the_file(shared_cache, tmp_path):
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+
+    path = tmp_path / "my-cpu.json"
+    r = CliRunner().invoke(app, ["devices", "--local", "--quick", "--save", str(path)])
+    assert r.exit_code == 0, r.output
+    saved = device(path)
+    assert saved.key() == device("local").key() and saved.to_dict() == json.loads(path.read_text())
+    r = CliRunner().invoke(app, ["orchestrate", "tiny-mlp", "--cost", "analytical", "--device", str(path),
+                                 "--no-race", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["device"] == "local"
+
+
+def test_default_threads_follow_the_device_and_this_machine(shared_cache):
+    from tensorplan.devices import default_threads, usable_cores
+    assert usable_cores() == len(os.sched_getaffinity(0))
+    assert default_threads(device("local-1t")) == 1
+    assert default_threads(device("local")) == default_threads(device("h100")) == default_threads() == usable_cores()
 
 
 def test_machine_info_describes_this_machine():

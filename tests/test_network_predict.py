@@ -213,7 +213,8 @@ def test_big_convolutions_get_a_valid_cuda_schedule():
 def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
     import numpy as np
 
-    from tensorplan.cdmpp.model import device_features, load_shipped
+    from tensorplan.cdmpp.arrays import device_features
+    from tensorplan.cdmpp.model import load_shipped
     r = predict("tiny-mlp", device="epyc-9654")
     assert r.kind == "cpu" and r.zero_shot and "never on 'epyc-9654'" in r.warning and "calibrate" in r.warning
     # the same domain name learnt with another machine's device vector is zero-shot too
@@ -313,7 +314,7 @@ def test_cpu_checks_from_several_hosts_are_pooled_per_host(tmp_path):
 
     import numpy as np
 
-    from tensorplan.cdmpp.model import regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
     path = Path(__file__).resolve().parents[1] / "research" / "cdmpp" / "cdmpp_predict_check.py"
     spec = importlib.util.spec_from_file_location("cdmpp_predict_check", path)
     pc = importlib.util.module_from_spec(spec)
@@ -341,7 +342,7 @@ def test_big_kernel_study_scores_the_checked_kernels_in_order():
 
     import numpy as np
 
-    from tensorplan.cdmpp.model import regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
     path = Path(__file__).resolve().parents[1] / "research" / "cdmpp" / "cdmpp_bigkernels.py"
     spec = importlib.util.spec_from_file_location("cdmpp_bigkernels", path)
     bk = importlib.util.module_from_spec(spec)
@@ -381,7 +382,8 @@ def test_ship_data_study_scores_the_old_weights_as_the_check_did(monkeypatch):
 
     import numpy as np
 
-    from tensorplan.cdmpp.model import load_shipped, regression_metrics
+    from tensorplan.cdmpp.metrics import regression_metrics
+    from tensorplan.cdmpp.model import load_shipped
     bench = Path(__file__).resolve().parents[1] / "research" / "cdmpp"
     sd = _ship_data_study(monkeypatch)
     s = sd.summarize(bench / "results" / "cdmpp_ship_data.jsonl")

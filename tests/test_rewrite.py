@@ -109,19 +109,31 @@ def test_zoo_decoder_rewrites_match_onnxruntime(model, counts, flops_below):
     _same_outputs(g, r.graph, random_feeds(g), tol=1e-4)
 
 
-def test_plan_records_rewrites_runs_them_and_rejects_a_mismatch(tmp_path):
+def _orchestrate(tmp_path, model, **kw):
+    """The analytical plan of `model`, given as an ONNX file the way a user passes one."""
     from tensorplan.workflows.orchestrate import orchestrate
-    from tensorplan.runtime.plan import Plan
-    from tensorplan.runtime.executor import run_plan
-    path = tmp_path / "decoder.onnx"
-    path.write_bytes(decoder_model().SerializeToString())
-    plan = orchestrate(str(path), cost="analytical")
-    assert [r for r, _ in plan.source["rewrites"]].count("conv_before_resize") == 2
-    off = orchestrate(str(path), cost="analytical", rewrite=False)
-    assert off.source["rewrites"] == [] and off.source["num_primitives"] != plan.source["num_primitives"]
+    path = tmp_path / f"{model.graph.name}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return orchestrate(str(path), cost="analytical", **kw)
+
+
+def _runs_like_onnxruntime(plan, tmp_path):
+    """Save `plan`, run it as loaded back (which re-derives the rewritten graph) and check it
+    against ONNX Runtime on the *original* model; returns the saved file."""
+    from tensorplan.runtime.plan import load_plan
     saved = plan.save(tmp_path / "plan.json")
-    res = run_plan(saved, repeats=3)  # checks against ONNX Runtime on the *original* model
+    res = load_plan(saved).run(repeats=3)
     assert res.max_rel_err is not None and res.max_rel_err <= 1e-4
+    return saved
+
+
+def test_plan_records_rewrites_runs_them_and_rejects_a_mismatch(tmp_path):
+    from tensorplan.runtime.plan import Plan
+    plan = _orchestrate(tmp_path, decoder_model())
+    assert [r for r, _ in plan.source["rewrites"]].count("conv_before_resize") == 2
+    off = _orchestrate(tmp_path, decoder_model(), rewrite=False)
+    assert off.source["rewrites"] == [] and off.source["num_primitives"] != plan.source["num_primitives"]
+    saved = _runs_like_onnxruntime(plan, tmp_path)
     bad = Plan.load(saved)
     bad.source["rewrites"] = bad.source["rewrites"][:1]
     with pytest.raises(PlanError, match="rewrites"):
@@ -197,14 +209,9 @@ def test_upsample_conv_phases_does_not_fire_where_it_would_be_wrong(kw):
 def test_phase_rewritten_plan_runs_on_compiled_kernels(tmp_path):
     # the new Pad(edge) / Slice / Concat / DepthToSpace primitives go through fission, TVM
     # lowering and the executor; the result is checked against ORT on the *original* model
-    from tensorplan.workflows.orchestrate import orchestrate
-    from tensorplan.runtime.executor import run_plan
-    path = tmp_path / "upconv.onnx"
-    path.write_bytes(upsample_conv_model().SerializeToString())
-    plan = orchestrate(str(path), cost="analytical")
+    plan = _orchestrate(tmp_path, upsample_conv_model())
     assert [r for r, _ in plan.source["rewrites"]] == ["upsample_conv_phases"]
-    res = run_plan(plan.save(tmp_path / "plan.json"), repeats=3)
-    assert res.max_rel_err is not None and res.max_rel_err <= 1e-4
+    _runs_like_onnxruntime(plan, tmp_path)
 
 
 def conv3x3_model(n=1, c=6, k=5, h=9, w=11, pads=(1, 1, 1, 1), bias=True, stride=1, group=1, kernel=3):
@@ -253,14 +260,9 @@ def test_winograd_refuses_convs_it_cannot_compute(kw):
 
 
 def test_winograd_plan_records_the_convs_and_runs(tmp_path):
-    from tensorplan.workflows.orchestrate import orchestrate
-    from tensorplan.runtime.executor import run_plan
-    path = tmp_path / "conv.onnx"
-    path.write_bytes(conv3x3_model(h=12, w=12).SerializeToString())
-    plan = orchestrate(str(path), cost="analytical", winograd=True)
+    plan = _orchestrate(tmp_path, conv3x3_model(h=12, w=12), winograd=True)
     assert plan.source["rewrites"] == [["conv3x3_winograd", "conv"]] and plan.options["winograd"]
-    res = run_plan(plan.save(tmp_path / "plan.json"), repeats=3)   # re-derives the graph, checks vs ORT
-    assert res.max_rel_err is not None and res.max_rel_err <= 1e-4
+    _runs_like_onnxruntime(plan, tmp_path)
 
 
 def mish_model(as_op: bool = False, shared_tanh: bool = False):

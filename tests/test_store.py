@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from tensorplan.devices import resolve
+from tensorplan.devices import device
 from tensorplan.errors import StoreError
 from tensorplan.measure.store import MIGRATIONS, SCHEMA_VERSION, Store, content_key
 from tensorplan.measure.timer import Timing, measure
@@ -46,8 +46,8 @@ def test_program_keys_are_content_hashes(store):
 
 
 def test_measurement_roundtrip_and_replace(store):
-    dk = store.put_device(resolve("t4"))
-    assert store.put_device(resolve("t4")) == dk and store.count("devices") == 1
+    dk = store.put_device(device("t4"))
+    assert store.put_device(device("t4")) == dk and store.count("devices") == 1
     pk = store.put_program("tir", {"op": "matmul", "m": 64})
     t = measure(lambda: sum(range(2000)), warmup=1, min_repeats=5, max_repeats=5, budget_s=0)
     store.put_measurement(pk, dk, t, extra={"note": "first"})
@@ -66,7 +66,7 @@ def test_measurement_roundtrip_and_replace(store):
 
 
 def test_batched_put_is_one_transaction(store):
-    dk = store.put_device(resolve("h100"))
+    dk = store.put_device(device("h100"))
     keys = store.put_programs([("tir", {"i": i}) for i in range(500)])
     store.put_measurements([(k, dk, _timing(1e-3 * (i + 1)), "", {"i": i}) for i, k in enumerate(keys)])
     assert store.count("measurements") == 500
@@ -79,7 +79,7 @@ def test_batched_put_is_one_transaction(store):
 
 
 def test_measurements_filters(store):
-    d1, d2 = store.put_device(resolve("t4")), store.put_device(resolve("sd855-gpu"))
+    d1, d2 = store.put_device(device("t4")), store.put_device(device("sd855-gpu"))
     a = store.put_program("tir", {"a": 1})
     b = store.put_program("subgraph", {"b": 2})
     store.put_measurements([(a, d1, _timing(1)), (b, d1, _timing(2)), (a, d2, _timing(3), "x")])
@@ -94,7 +94,7 @@ def test_measurements_filters(store):
 def test_stats_and_parquet_export(store, tmp_path):
     import pyarrow.parquet as pq
 
-    dk = store.put_device(resolve("a100"))
+    dk = store.put_device(device("a100"))
     keys = store.put_programs([("tir", {"i": i}) for i in range(7)] + [("kernel", {"j": 0})])
     store.put_measurements([(k, dk, _timing(0.5)) for k in keys])
     store.job("j").mark_done("x")
@@ -149,7 +149,7 @@ def test_corrupt_file_refused(tmp_path):
 def test_corrupt_pages_refused(tmp_path):
     p = tmp_path / "bad.sqlite"
     s = Store(p)
-    dk = s.put_device(resolve("t4"))
+    dk = s.put_device(device("t4"))
     s.put_measurements([(k, dk, _timing(1)) for k in s.put_programs([("tir", {"i": i}) for i in range(300)])])
     s.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     s.close()
@@ -165,7 +165,7 @@ def test_corrupt_pages_refused(tmp_path):
 # ---- several writer processes ------------------------------------------------------------------
 def _writer(path: str, wid: int, n: int) -> None:
     s = Store(path)
-    dk = s.put_device(resolve("h100"))
+    dk = s.put_device(device("h100"))
     for i in range(n):
         shared = s.put_program("tir", {"shared": i})          # every writer writes these
         own = s.put_program("tir", {"writer": wid, "i": i})   # only this writer
@@ -204,10 +204,10 @@ _JOB_CHILD = r"""
 import sys, time
 from tensorplan.measure.store import Store
 from tensorplan.measure.timer import measure
-from tensorplan.devices import resolve
+from tensorplan.devices import device
 path, n, slow = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 s = Store(path)
-dk = s.put_device(resolve("sd855-cpu"))
+dk = s.put_device(device("sd855-cpu"))
 job = s.job("measure-loop")
 skipped = 0
 for i in range(n):
@@ -260,7 +260,7 @@ def test_cli_store_stats_and_export(store, tmp_path):
 
     from tensorplan.cli import app
 
-    dk = store.put_device(resolve("t4"))
+    dk = store.put_device(device("t4"))
     store.put_measurement(store.put_program("tir", {"z": 1}), dk, _timing(0.1))
     r = CliRunner().invoke(app, ["store", "stats", "--store", str(store.path), "--json"])
     assert r.exit_code == 0, r.output
@@ -274,13 +274,13 @@ def test_cli_store_stats_and_export(store, tmp_path):
 
 
 def _forked_put(store: Store, i: int) -> None:
-    dk = store.put_device(resolve("t4"))
+    dk = store.put_device(device("t4"))
     store.put_measurement(store.put_program("tir", {"forked": i}), dk, _timing(i + 1.0))
 
 
 def test_store_object_survives_fork(store):
     """A Store opened before a fork reconnects in the child instead of sharing the parent's handle."""
-    store.put_device(resolve("t4"))
+    store.put_device(device("t4"))
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_forked_put, args=(store, i)) for i in range(2)]
     for p in procs:

@@ -764,8 +764,8 @@ def _merge_records(ours: Callable[[str], bool], source_key: Callable[[dict], str
     replaces its earlier record; records of programs the store did not time are kept.
 
     A domain that keeps earlier records keeps its spec too (the figures models read), and a later
-    machine's spec is listed under `later_specs`: on the shared lent machines a second single-thread
-    triad read 11 GB/s where the first read 17.5, and the records of both fit the first (docs/cdmpp.md).
+    machine's spec is listed under `later_specs`: on shared machines a later measurement of the same
+    hardware can read far lower bandwidth while its timings still fit the first spec.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -33,8 +33,8 @@ import numpy as np
 
 from tensorplan.errors import TensorplanError
 from tensorplan.ir.graph import Graph, Node
-from tensorplan.codl.partition import RowRange, chain_rows, part_shape, split
-from tensorplan.codl.data import PartKernel, map_in, map_out, trans_in, trans_out
+from tensorplan.codl.partition import chain_rows, part_shape, split
+from tensorplan.codl.data import PartKernel, map_out, trans_in, trans_out
 from tensorplan.codl.predictor import OpShape
 
 # --------------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ the SoC simulator.
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import time
 from dataclasses import asdict, dataclass, field

@@ -22,13 +22,13 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from tensorplan.errors import TensorplanError
 from tensorplan.ir.graph import Graph
-from tensorplan.codl.partition import CoexecCost, CoexecPlan, Segment, chain_links, chain_rows, extract_ops, part_shape, plan_ops, split
+from tensorplan.codl.partition import CoexecCost, CoexecPlan, chain_links, chain_rows, extract_ops, part_shape, plan_ops, split
 from tensorplan.codl.predictor import FlopsLinear, KernelSample, OpShape, SharingModel, mace_cpu_units, mace_gpu_units
 
 PROFILE_DIR = Path(__file__).with_name("soc_profiles")

@@ -73,6 +73,13 @@ def replace(g: Graph, node: Node, new_nodes: list[Node], rule: str, applied: lis
     return True
 
 
+def is_unit_conv(a: dict) -> bool:
+    """Conv attributes of an ungrouped, stride-1, undilated convolution with explicit pads: the
+    form the kernel-reshaping rules (phases, Focus, Winograd) rewrite."""
+    return (int(a.get("group", 1)) == 1 and attr_str(a.get("auto_pad"), "NOTSET") == "NOTSET"
+            and all(int(v) == 1 for v in [*a.get("strides", [1, 1]), *a.get("dilations", [1, 1])]))
+
+
 def is_conv1x1(g: Graph, n: Node) -> bool:
     """A plain 1x1 convolution: no stride, padding or groups, weight known."""
     if n.op != "Conv" or len(n.inputs) < 2:

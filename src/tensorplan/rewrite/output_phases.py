@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorplan.ir.graph import Graph, Node
-from tensorplan.rewrite.common import Editor, attr_str, const, replace
+from tensorplan.rewrite.common import Editor, const, is_unit_conv, replace
 
 LANES = 16  # fp32 lanes of an AVX-512 register: the output-channel block of ORT's NCHWc and oneDNN
 
@@ -46,8 +46,7 @@ def conv_output_phases(g: Graph, ed: Editor, applied: list) -> bool:
         a = n.attrs
         if w is None or w.ndim != 4 or w.dtype != np.float32 or (has_b and b is None):
             continue
-        if int(a.get("group", 1)) != 1 or attr_str(a.get("auto_pad"), "NOTSET") != "NOTSET" \
-                or any(int(v) != 1 for v in list(a.get("strides", [1, 1])) + list(a.get("dilations", [1, 1]))):
+        if not is_unit_conv(a):
             continue
         o, c, kh, kw = w.shape
         y = g.tensors.get(n.outputs[0])

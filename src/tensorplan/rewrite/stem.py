@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorplan.ir.graph import Graph, Node
-from tensorplan.rewrite.common import Editor, attr_str, const, layout_chain, replace, run_chain
+from tensorplan.rewrite.common import Editor, const, is_unit_conv, layout_chain, replace, run_chain
 
 
 def _focus_phases(g: Graph, cat: Node, prod: dict) -> tuple[str, list[tuple[int, int]]] | None:
@@ -51,8 +51,7 @@ def focus_conv(g: Graph, ed: Editor, applied: list) -> bool:
             continue
         w = const(g, n.inputs[1]) if len(n.inputs) > 1 else None
         a = n.attrs
-        if w is None or w.ndim != 4 or int(a.get("group", 1)) != 1 or attr_str(a.get("auto_pad"), "NOTSET") != "NOTSET" \
-                or any(int(v) != 1 for v in list(a.get("strides", [1, 1])) + list(a.get("dilations", [1, 1]))):
+        if w is None or w.ndim != 4 or not is_unit_conv(a):
             continue
         if len(n.inputs) > 2 and n.inputs[2] and const(g, n.inputs[2]) is None:
             continue

@@ -28,7 +28,7 @@ import numpy as np
 
 from tensorplan.ir.graph import Graph, Node
 from tensorplan.ir.reference import run_node
-from tensorplan.rewrite.common import Editor, attr_str, const, convs1x1, replace
+from tensorplan.rewrite.common import Editor, attr_str, const, convs1x1, is_unit_conv, replace
 
 
 def resize_kind(g: Graph, n: Node) -> str | None:
@@ -133,31 +133,32 @@ def _up2(v: np.ndarray) -> np.ndarray:
     return v.repeat(2, axis=2).repeat(2, axis=3)
 
 
-def _is_nearest_up2(g: Graph, n: Node, probe: np.ndarray) -> bool:
-    """True when `n` maps every output pixel (i, j) to source pixel (i//2, j//2), checked by
-    running the node itself (reference executor) on `probe` (its real input shape)."""
-    if n.op not in ("Resize", "Upsample") or attr_str(n.attrs.get("mode"), "nearest") != "nearest":
-        return False
+def _run_on(g: Graph, n: Node, x: np.ndarray) -> np.ndarray | None:
+    """`n`'s first output (reference executor) on data input `x`, its other inputs constants;
+    None where one is computed or the node cannot run on `x`."""
     rest = [const(g, i) if i else None for i in n.inputs[1:]]
     if any(i and r is None for i, r in zip(n.inputs[1:], rest)):
-        return False
+        return None
     try:
-        out = run_node(n, [probe, *rest])[0]
+        return run_node(n, [x, *rest])[0]
     except Exception:
+        return None
+
+
+def _is_nearest_up2(g: Graph, n: Node, probe: np.ndarray) -> bool:
+    """True when `n` maps every output pixel (i, j) to source pixel (i//2, j//2), checked by
+    running the node itself on `probe` (its real input shape)."""
+    if n.op not in ("Resize", "Upsample") or attr_str(n.attrs.get("mode"), "nearest") != "nearest":
         return False
-    want = _up2(probe)
-    return out.shape == want.shape and np.array_equal(out, want)
+    out, want = _run_on(g, n, probe), _up2(probe)
+    return out is not None and out.shape == want.shape and np.array_equal(out, want)
 
 
 def _border_of_up2(g: Graph, pad: Node, x: np.ndarray) -> str | None:
     """'edge' or 'zero' when Pad `pad` applied to nearest_up2(x) equals nearest_up2 of x padded
     by one pixel (edge or zeros) cropped by one: i.e. a one-pixel spatial border."""
-    rest = [const(g, i) if i else None for i in pad.inputs[1:]]
-    if any(i and r is None for i, r in zip(pad.inputs[1:], rest)):
-        return None
-    try:
-        got = run_node(pad, [_up2(x), *rest])[0]
-    except Exception:
+    got = _run_on(g, pad, _up2(x))
+    if got is None:
         return None
     width = ((0, 0), (0, 0), (1, 1), (1, 1))
     for kind, want in (("edge", _up2(np.pad(x, width, mode="edge"))[:, :, 1:-1, 1:-1]),
@@ -188,9 +189,7 @@ def upsample_conv_phases(g: Graph, ed: Editor, applied: list) -> bool:
         a = n.attrs
         if w is None or w.ndim != 4 or w.shape[2:] != (3, 3) or (has_b and b is None):
             continue
-        if int(a.get("group", 1)) != 1 or attr_str(a.get("auto_pad"), "NOTSET") != "NOTSET" \
-                or any(int(s) != 1 for s in a.get("strides", [1, 1])) \
-                or any(int(d) != 1 for d in a.get("dilations", [1, 1])):
+        if not is_unit_conv(a):
             continue
         pads = [int(p) for p in a.get("pads", [0, 0, 0, 0])]
         src = prod.get(n.inputs[0])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorplan.ir.graph import Graph, Node
-from tensorplan.rewrite.common import Editor, attr_str, const, replace
+from tensorplan.rewrite.common import Editor, const, is_unit_conv, replace
 
 WINOGRAD = "conv3x3_winograd"
 
@@ -39,9 +39,7 @@ def winograd_convs(g: Graph) -> list[Node]:
             continue
         if len(n.inputs) > 2 and n.inputs[2] and const(g, n.inputs[2]) is None:
             continue
-        if int(a.get("group", 1)) != 1 or attr_str(a.get("auto_pad"), "NOTSET") != "NOTSET" \
-                or any(int(v) != 1 for v in a.get("strides", [1, 1])) \
-                or any(int(v) != 1 for v in a.get("dilations", [1, 1])):
+        if not is_unit_conv(a):
             continue
         x, y = g.tensors.get(n.inputs[0]), g.tensors.get(n.outputs[0])
         if x is None or y is None or len(x.shape) != 4 or x.dtype != "float32" or min(y.shape[2:]) < 4:

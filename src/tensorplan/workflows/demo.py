@@ -172,7 +172,7 @@ def run_demo(model: str | Graph = "candy", threads: int | None = None, opset: in
     from tensorplan.zoo.specs import as_graph, onnx_bytes
 
     threads = int(threads or usable_cores())
-    device = devices.device("local" if threads == usable_cores() else f"local-{threads}t")
+    device = devices.local_cpu(None if threads == usable_cores() else threads)
     t0 = time.perf_counter()
     graph = as_graph(model, opset=opset)
     import_s = time.perf_counter() - t0
