@@ -201,10 +201,10 @@ def bench_model(name: str, args, store) -> dict:
     res["plan_path"] = str(plans["tensorplan"].save(plan_dir / f"{name}.json"))
     res["cost_stats"] = dict(cm.stats)
     prims = {"tensorplan": plans["tensorplan"].primitive_graph()}
-    # what the plan computes after rewrite/rules.py (the bound above is for the model as given)
+    # what the plan computes after rewrite/passes.py (the bound above is for the model as given)
     res["roofline"]["rewritten_gflops"] = analysis.graph_flops(plans["tensorplan"].source_graph()) / 1e9
     if not args.no_ablations:
-        # the exact rewrites of rewrite/rules.py off (prim graph of the original model), raced like
+        # the exact rewrites of rewrite/passes.py off (prim graph of the original model), raced like
         # the plan itself so that the difference is the rewrites alone
         race = raced("no-rewrite", rewrite=False)
         if race:

@@ -1,7 +1,7 @@
 """Where ONNX Runtime spends its time on a zoo model, per operator type and per node, before and
-after tensorplan's exact rewrites (rewrite/rules.py).
+after tensorplan's exact rewrites (rewrite/passes.py).
 
-Why: every rewrite rule in rewrite/rules.py started from this question (ORT's Softplus is a
+Why: every rewrite rule in rewrite/passes.py started from this question (ORT's Softplus is a
 scalar loop; it pads a 3-channel convolution output to 16 channels; SegFormer moves 128-channel
 tensors between token and image layout). It is also what says why a model stays far from the
 roofline bound: the share of convolution time that no regrouping of the graph removes.

@@ -1,4 +1,4 @@
-"""Does Winograd F(4x4, 3x3) built from ONNX operators pay on this CPU? (rewrite/rules.py)
+"""Does Winograd F(4x4, 3x3) built from ONNX operators pay on this CPU? (rewrite/passes.py)
 
 For each model: ONNX Runtime (all optimisations, 2 threads) on the model after the default exact
 rewrites, and on the same graph with every eligible 3x3 convolution as Winograd

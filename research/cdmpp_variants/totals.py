@@ -9,10 +9,10 @@ mean by that factor, measured on held-out records.
 
 `mean_factor` is that mean, winsorised at the 1st / 99th percentile so a handful of many-fold misses
 do not set it. The variant harness measures it on its validation tasks and scores each network's
-total both ways (`add_expected_totals`, `harness.VariantHarness`). Measured (research/notes/cdmpp.md, *Network totals*): the factor is 0.99-1.32
-per fold, but leaving each network out it does not bring totals closer (CDMPP's mean total error
-22.2 -> 26.5 %, the trees' 20.4 -> 26.5 %): a network's total is off by a bias of its own (0.7-1.6x over
-networks above 1 ms), not by the median-to-mean gap. So `tensorplan predict` sums the kernels'
+total both ways (`add_expected_totals`, `harness.VariantHarness`). Measured (research/notes/cdmpp.md,
+*Network totals*): the factor is 0.99-1.32 per fold, but leaving each network out it does not bring
+totals closer (CDMPP's mean total error 22.2 -> 26.5 %, the trees' 20.4 -> 26.5 %): a network's
+total is off by a bias of its own (0.7-1.6x over networks above 1 ms), not by the median-to-mean gap. So `tensorplan predict` sums the kernels'
 predictions as they are.
 """
 from __future__ import annotations

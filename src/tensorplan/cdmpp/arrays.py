@@ -220,7 +220,7 @@ class ProgramArrays:
 
 
 def as_arrays(data: Any) -> ProgramArrays:
-    """Accept a `ProgramArrays` or a `predict.dataset.Dataset` (records + aligned leaves/positions)."""
+    """Accept a `ProgramArrays` or a `dataset.Dataset` (records + aligned leaves/positions)."""
     if isinstance(data, ProgramArrays):
         return data
     cached = getattr(data, "_tp_arrays", None)

@@ -5,9 +5,10 @@ properties (is there a parallel loop and how long is it, vector width, unrolling
 (fixed per-call costs such as thread-pool wake-up dominate kernels of a few µs): a program with a
 parallel loop gains from a second thread, one without does not. Fine-tuning network weights on a
 few hundred samples learns that factor poorly (reference/cdmpp.md §3; compare both in
-`tensorplan predictor evaluate --splits device`). Here the trained model keeps predicting *as on the source device* and a
-small gradient-boosted tree model, fitted on the few target samples, predicts
-log(target latency / source prediction) from those properties and the source prediction itself.
+`tensorplan predictor evaluate --splits device`). Here the trained model keeps predicting *as on
+the source device* and a small gradient-boosted tree model, fitted on the few target samples,
+predicts log(target latency / source prediction) from those properties and the source prediction
+itself.
 
 The wrapper is an `Estimator`, so it is saved, loaded and scored like every other model.
 """

@@ -1,7 +1,7 @@
 """CDMPP latency predictor (EuroSys'24), re-implemented for tensorplan.
 
 A tensor program is its compact AST: only the leaves (BufferStores) carry the
-164-d Ansor per-store features (`predict.features`). The model is
+164-d Ansor per-store features (`cdmpp.features`). The model is
 
     leaves --min-max--> +PE(position) --Linear--> TransformerEncoder (key-padding mask)
            --masked mean|sum pooling [| summed/max-pooled leaves, option flat_skip]--> MLP_emb = z
@@ -306,7 +306,7 @@ class CDMPP(Estimator):
         if self.task_io:
             if arr.task_io is None:
                 raise TensorplanError("cdmpp: this model reads the task's buffer sizes (task_io=True), but the "
-                                      "records carry none; load them with `predict.dataset.load_dataset`")
+                                      "records carry none; load them with `tensorplan.cdmpp.dataset.load_dataset`")
             cols.append(arr.task_io[idx, :TASK_IO_DIM] / 16.0)
         if self.parts_input:
             mean, std = (np.asarray(v) for v in self.parts_norm)
