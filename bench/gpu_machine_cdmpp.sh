@@ -65,7 +65,7 @@ cpu)    # device: re-time the dataset's CPU programs on this machine's CPU, 1 an
   python3 -m tensorplan predictor dataset measure-device --prefix "${CPU_NAME:-gpuhost}" --threads 1,$n --workers $n \
     --store /tmp/cpu.sqlite --budget-minutes "${2:-3}" --no-merge --no-progress --json ;;
 features)  # device: featurisation throughput on this machine's cores (the 1,000 programs/s;
-           # the 2-core VM reaches 579/s with 2 workers, docs/cdmpp.md)
+           # the 2-core VM reaches 579/s with 2 workers, research/notes/cdmpp.md)
   env_setup
   python3 bench/features_speed.py --n "${2:-800}" --no-passes --out $OUT/features_speed_gpuhost.json ;;
 scaling)   # device: featurisation throughput per worker count (1 .. all cores) on N programs

@@ -42,7 +42,7 @@ def test_experts_predict_their_leaf_count_and_survive_save(cdmpp_small, tmp_path
 
 
 def test_an_expert_is_kept_only_where_validation_says_so(cdmpp_small, monkeypatch):
-    import tensorplan.cdmpp.leaf_experts as le
+    import cdmpp_variants.leaf_experts as le
     tr = as_arrays(cdmpp_small["train"])
     k = int(np.bincount(tr.n_leaves).argmax())
     val = tr.subset(np.flatnonzero(tr.n_leaves == k)[:35])

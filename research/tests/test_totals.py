@@ -37,26 +37,23 @@ def test_mean_factor_refuses_unusable_input():
         mean_factor(np.ones(3), np.ones(4))
 
 
-def test_network_totals_bench_summarises_its_committed_folds(monkeypatch):
-    """bench/cdmpp_network_totals.py on the committed leave-one-network-out folds: each fold's
-    expected total is its kernels' sum times that fold's factor, and the committed summary is what
-    the script computes from them."""
-    import importlib.util
+def test_network_totals_study_summarises_its_committed_folds():
+    """research/cdmpp/cdmpp_network_totals.py on the committed leave-one-network-out folds: each
+    fold's expected total is its kernels' sum times that fold's factor, and the committed summary is
+    what the script computes from them."""
     import json
-    from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    monkeypatch.syspath_prepend(str(bench))                 # it imports cdmpp_bigkernels
-    spec = importlib.util.spec_from_file_location("cdmpp_network_totals", bench / "cdmpp_network_totals.py")
-    nt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nt)
-    got = nt.lono(bench / "results" / "cdmpp_by_network_totals.jsonl", 1.0)
+    import _path
+    import cdmpp_network_totals as nt
+
+    results = _path.RESULTS
+    got = nt.lono(results / "cdmpp_by_network_totals.jsonl", 1.0)
     assert set(got) == {"xgboost-hier", "cdmpp-nocmd-parts"}
     for e in got.values():
         assert e["all"]["n"] == len(e["folds"]) > e["over_1ms"]["n"] > 20
         for f in e["folds"]:
             assert f["expected_ratio"] == pytest.approx(f["ratio"] * f["factor"])
-    committed = json.loads((bench / "results" / "cdmpp_network_totals.json").read_text())["lono"]
+    committed = json.loads((results / "cdmpp_network_totals.json").read_text())["lono"]
     for m, e in got.items():
         for way in ("sum", "expected"):
             assert e["all"][way] == pytest.approx(committed[m]["all"][way])

@@ -120,7 +120,7 @@ def coexec(graph_or_spec: Graph | str | Path, processors: str | Sequence[str] = 
             raise TensorplanError("processors cpu,cuda: no CUDA device here; use cpu,cpu2 or simulate()")
         raise TensorplanError("processors cpu,cuda: no CUDA latency data collected yet to plan with; "
                               "the CUDA co-executor (codl.coexecutor.CudaCoexecutor) runs single segments "
-                              "(see docs/codl.md)")
+                              "(see research/notes/codl.md)")
     graph = _graph(graph_or_spec)
     ops = extract_ops(graph)
     if not ops:

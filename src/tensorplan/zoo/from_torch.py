@@ -80,7 +80,8 @@ def from_torch(module, example_inputs, *, name: str | None = None, opset: int = 
             except Exception as e:  # noqa: BLE001 - the exporter raises many kinds; one clear error
                 msg = str(e).split(" Please feel free")[0].strip()
                 hint = ("compute that part with operators ONNX has, or export the model to ONNX yourself "
-                        "(torch.onnx.export(..., dynamo=True) knows more operators) and pass the .onnx file"
+                        "(torch.onnx.export(..., dynamo=True), with the onnxscript package installed, knows more "
+                        "operators) and pass the .onnx file"
                         if "is not supported" in msg else
                         "models with data-dependent control flow need a traceable forward")
                 raise ModelImportError(f"PyTorch module '{name}': torch.onnx.export failed: {msg}; {hint}") from e

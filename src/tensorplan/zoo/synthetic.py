@@ -3,7 +3,7 @@ kernels real networks contain too few of.
 
 Why: on held-out networks the predictors' worst errors are data-movement kernels (strided
 slices, pads, concat + reshape + transpose). Each zoo network has a handful of them at a few sizes,
-so a new network's data-movement kernels have few neighbours in the training data (docs/cdmpp.md,
+so a new network's data-movement kernels have few neighbours in the training data (research/notes/cdmpp.md,
 *Data-movement coverage*). `datamove-grid` applies nine layout patterns to sixteen NCHW shapes
 (channels × spatial size); every branch ends in its own output, so Relax fuses each into one
 kernel, and `tensorplan predictor dataset collect --networks datamove-grid` samples and times their
