@@ -606,11 +606,12 @@ def load_shipped() -> Estimator:
 # --------------------------------------------------------------------------------------------
 
 def resolve_domain(device: str) -> str:
-    """'local' means this CPU with all its threads: the `local-<n>t` domain the model knows."""
+    """'local' means this CPU with every core this process may use: the domain `local-<n>t`, as
+    `predict` names it (a model that never learnt that many threads treats it as a new device)."""
     if device == "local":
-        import os
+        from tensorplan.devices import usable_cores
 
-        return f"local-{min(os.cpu_count() or 1, 2)}t"
+        return f"local-{usable_cores()}t"
     return device
 
 

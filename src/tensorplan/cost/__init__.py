@@ -3,7 +3,8 @@
 The planner only knows `KernelCost.cost(prim, cand) -> seconds`. Concrete models:
 `AnalyticalCost` (roofline, here: planning works with no measurement at all),
 `tensorplan.cost.measured.MeasuredCost` (compiles and times kernels, caches in the
-store) and predicted costs (CDMPP) elsewhere.
+store), `tensorplan.cost.torch_device.TorchDeviceCost` (PyTorch kernels timed on a GPU) and
+`tensorplan.cost.predicted.CDMPPCost` (CDMPP's predicted latency, nothing timed).
 
 Contract for implementers:
 - return seconds (float > 0) for one run of the kernel on the model's device;

@@ -16,7 +16,8 @@ from pathlib import Path
 from tensorplan.errors import TensorplanError
 from tensorplan.cdmpp.arrays import ProgramArrays
 from tensorplan.cdmpp.base import Estimator, load_estimator
-from tensorplan.cdmpp.model import load_shipped, resolve_domain
+from tensorplan.cdmpp.model import load_shipped
+from tensorplan.devices.spec import DeviceSpec
 
 
 class CDMPPCost:
@@ -29,11 +30,13 @@ class CDMPPCost:
 
     name = "cdmpp"
 
-    def __init__(self, model: "Estimator | str | Path | None" = None, device: str = "local", fallback=None,
-                 threads: int | None = None):
+    def __init__(self, model: "Estimator | str | Path | None" = None, device: "str | DeviceSpec" = "local",
+                 fallback=None, threads: int | None = None):
+        from tensorplan.cdmpp.predict import resolve_device
+
         self.model = load_shipped() if model is None else (
             model if isinstance(model, Estimator) else load_estimator(model))
-        self.device = resolve_domain(device)
+        self.spec, self.device = resolve_device(device)
         self.fallback = fallback
         self.threads = threads
         self._cache: dict[str, float] = {}

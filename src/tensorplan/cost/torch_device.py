@@ -18,7 +18,6 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 
 from tensorplan.errors import CompileError, UnsupportedOperatorError
 from tensorplan.ir.graph import Graph
