@@ -18,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+TP = str(Path(PY).with_name("tensorplan"))  # the CLI of the same environment
 
 #: (name, command, rough minutes on the 2-core development VM)
 STEPS: list[tuple[str, list[str], float]] = [
@@ -43,6 +44,10 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("codl-predictor", [PY, "bench/codl_predictor.py"], 5),
     ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),
     ("codl-simulate", [PY, "bench/codl_simulate.py", "--seeds", "3"], 5),
+    # CDMPP and its baselines on the three splits (docs/results.md, "CDMPP: prediction accuracy")
+    ("cdmpp-eval", [TP, "predictor", "evaluate", "--devices", "local-1t,local-2t", "--holdout",
+                    "efficientvit-b1,tiny-mlp,mobilenet-v2", "--time-scale", "0.625",
+                    "--out", "bench/results/cdmpp_eval.json"], 80),
     ("summarize", [PY, "bench/summarize.py"], 0.1),
 ]
 

@@ -640,6 +640,59 @@ def korch_gpu_section() -> list[str]:
             "slower (Python launches each kernel), which is why the runner captures one.", ""]
     return out
 
+#: the CDMPP evaluation: `make bench`'s "cdmpp-eval" step writes the first (the product's models);
+#: until it has run on this checkout, the last published run (research/run_experiments.py "cdmpp-eval",
+#: the same harness with the research variants added) is shown, and the section says which
+CDMPP_EVAL = RES / "cdmpp_eval.json"
+CDMPP_EVAL_RESEARCH = ROOT / "research" / "cdmpp" / "results" / "cdmpp_eval.json"
+#: the models the product ships or trains (`tensorplan predictor train --model`); the rest are research variants
+PRODUCT_MODELS = ("cdmpp", "cdmpp-nocmd", "cdmpp-nocmd-parts", "xgboost", "xgboost-hier", "mlp", "tlp", "roofline")
+
+
+def cdmpp_section() -> list[str]:
+    """CDMPP against its baselines on the three splits of one evaluation run (MAPE, lower is better)."""
+    path = CDMPP_EVAL if CDMPP_EVAL.exists() else CDMPP_EVAL_RESEARCH
+    if not path.exists():
+        return []
+    d = json.loads(path.read_text())
+    research = path == CDMPP_EVAL_RESEARCH
+    sp = d["splits"]
+    net, dev, smp = sp.get("network", {}), sp.get("device", {}), sp.get("sample", {})
+
+    def cell(split, model, *keys):
+        r = split.get("models", {}).get(model)
+        for k in keys:
+            r = r.get(k) if isinstance(r, dict) else None
+        return f"{r:.1f}" if isinstance(r, (int, float)) else "–"
+
+    holdout = ",".join(net.get("holdout_networks", []))
+    cmd = (f"`python research/cdmpp/evaluate_variants.py --devices local-1t,local-2t --holdout {holdout} "
+           f"--time-scale {d.get('time_scale')} --out {path.relative_to(ROOT)}` (the harness of `tensorplan "
+           "predictor evaluate` with the research variants added; `make bench BENCH_ARGS=--only=cdmpp-eval` "
+           "reruns the product's models into bench/results/cdmpp_eval.json, which this section then shows)"
+           if research else
+           f"`tensorplan predictor evaluate --devices local-1t,local-2t --holdout {holdout} --time-scale "
+           f"{d.get('time_scale')} --out {path.relative_to(ROOT)}` (`make bench` step `cdmpp-eval`)")
+    out = ["## CDMPP: prediction accuracy", "",
+           f"{cmd}. One run, seed {d.get('seed')}, "
+           f"on {d['machine'].get('cpu')} ({d['machine'].get('cpus')} cores). MAPE in % on each split's test "
+           "records: held-out networks (their kernels never seen in training), a held-out thread count "
+           f"({dev.get('source')} -> {dev.get('target')}: zero-shot, and few-shot with KMeans-chosen target "
+           "samples), and a random sample split.", "",
+           "| model | held-out networks | device zero-shot | device few-shot (KMeans) | sample split |",
+           "|---|---|---|---|---|"]
+    for m in PRODUCT_MODELS:
+        if m not in net.get("models", {}) and m not in smp.get("models", {}):
+            continue
+        out.append(f"| {m} | {cell(net, m, 'mape_pct')} | {cell(dev, m, 'zero_shot', 'mape_pct')} | "
+                   f"{cell(dev, m, 'fewshot_kmeans', 'mape_pct')} | {cell(smp, m, 'mape_pct')} |")
+    s = d.get("summary", {})
+    if s.get("network_best_model"):
+        out += ["", f"Best research variant on held-out networks: {s['network_best_model']} "
+                    f"{s['network_best_mape_pct']:.1f} %; on the sample split: {s.get('sample_best_model')} "
+                    f"{s.get('sample_best_mape_pct', float('nan')):.1f} % (research/notes/cdmpp.md explains the variants)."]
+    return out + [""]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
@@ -653,7 +706,7 @@ def main() -> None:
              "CoDL: [research/notes/codl.md](../research/notes/codl.md).", ""]
     for sec in (devices_section(), store_section(), import_section(), kernels_section(), planning_section(),
                 korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), export_section(), openvino_section(), beyond_zoo_section(), winograd_section(),
-                korch_gpu_section()):
+                korch_gpu_section(), cdmpp_section()):
         lines += sec
     Path(a.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out}")
