@@ -694,6 +694,63 @@ def cdmpp_section() -> list[str]:
     return out + [""]
 
 
+def conformance_section() -> list[str]:
+    """ONNX backend node tests (bench/onnx_conformance.py): pass / clear error / wrong per op family,
+    next to ONNX Runtime on the same cases."""
+    d = load("onnx_conformance.json")
+    if not d:
+        return []
+    import re
+    fams = d["summary"]["families"]
+    order = ["elementwise", "reduce / arg", "conv / pool", "linear / quant", "normalization / nn",
+             "shape / layout", "control / other"]
+    out = ["## ONNX backend node tests", "",
+           f"`{d['command']}` ({d['seconds']:.0f} s): the {d['summary']['total']['cases']} node test cases "
+           f"onnx {d['onnx']} generates, each imported with shape-like inputs (axes, sizes, scales, pads, "
+           "split sizes, slice bounds, shapes) frozen as constants, run by the reference executor and, where "
+           "a fission rule applies, fissioned and run again, against the expected outputs (rtol 1e-3 for "
+           "fp32/fp64, a few ulps for fp16). *Clear error*: one `TensorplanError` naming the node, op and "
+           "what is unsupported; *wrong*: numbers, shape or dtype differ, or a traceback (the unfrozen "
+           "variant counts too). ONNX Runtime "
+           f"{d['onnxruntime']} (CPU provider) runs the same cases as given. `tests/test_onnx_conformance.py` "
+           "runs them in `make test` and fails on any wrong result not on its short known list.", "",
+           "| op family | cases | pass | clear error | wrong | ONNX Runtime pass | both pass | ORT passes, tensorplan does not |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for fam in order + sorted(set(fams) - set(order)):
+        f = fams.get(fam)
+        if not f:
+            continue
+        out.append(f"| {fam} | {f['cases']} | {f['pass']} | {f['error']} | {f['wrong']} | {f['ort_pass']} | "
+                   f"{f['both_pass']} | {f['ort_only']} |")
+    t = d["summary"]["total"]
+    out.append(f"| **all** | {t['cases']} | {t['pass']} | {t['error']} | {t['wrong']} | {t['ort_pass']} | "
+               f"{t['both_pass']} | {t['ort_only']} |")
+    rows = d["cases"]
+
+    def cls(r: dict) -> str:
+        if r["status"] == "wrong" or r.get("unfrozen", {}).get("status") == "wrong":
+            return "wrong"
+        return r["status"]
+    wrong = [r for r in rows if cls(r) == "wrong"]
+    if wrong:
+        out += ["", "Wrong results (each on the test's known list with its reason):", ""]
+        for r in wrong:
+            msg = r["message"] if r["status"] == "wrong" else "unfrozen: " + r["unfrozen"]["message"]
+            out.append(f"- `{r['name']}` ({r['stage']}; ONNX Runtime: {r.get('ort', '?')}): {msg[:160]}")
+    reasons: dict[str, int] = {}
+    for r in rows:
+        if r["status"] == "error":
+            m = re.sub(r"'[^']*'", "…", r["message"].split(": ", 1)[-1])
+            m = re.sub(r"\(\d+[^)]*\)", "(…)", m)
+            m = re.sub(r"\d+", "N", m)[:110]
+            reasons[m] = reasons.get(m, 0) + 1
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:8]
+    if top:
+        out += ["", "Most frequent clear errors:", "", "| cases | error |", "|---:|---|"]
+        out += [f"| {n} | {m.replace('|', '/')} |" for m, n in top]
+    return out + [""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--korch-dir", default=str(RES / "korch_rewrite"))
@@ -706,7 +763,7 @@ def main() -> None:
              "CoDL: [research/notes/codl.md](../research/notes/codl.md).", ""]
     for sec in (devices_section(), store_section(), import_section(), kernels_section(), planning_section(),
                 korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), export_section(), openvino_section(), beyond_zoo_section(), winograd_section(),
-                korch_gpu_section(), cdmpp_section()):
+                korch_gpu_section(), cdmpp_section(), conformance_section()):
         lines += sec
     Path(a.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out}")

@@ -65,10 +65,10 @@ def test_load_rejects_wrong_files(tmp_path):
 
 
 def test_every_estimator_registers_where_it_is_defined_and_loads_by_its_module(cdmpp_small, tmp_path):
-    """Subclassing registers a model under its class name; a saved file names its defining module,
-    so loading in a fresh process imports it; a file without one (the shipped weights) is found
-    through `base._DEFINED_IN`, which names every estimator of the package; a module outside
-    tensorplan is never imported."""
+    """Subclassing registers a model under its class name; loading in a fresh process imports the
+    package's own module for it from `base._DEFINED_IN`, which names every estimator of the
+    package, whatever module the file names (or none: the files saved before it was recorded); a
+    module the file names is never imported, inside tensorplan or not."""
     import subprocess
     import sys
 
@@ -79,21 +79,25 @@ def test_every_estimator_registers_where_it_is_defined_and_loads_by_its_module(c
     ours = {n: k for n, k in base._REGISTRY.items() if k.__module__.startswith("tensorplan.")}
     assert {n: k.__module__ for n, k in ours.items()} == base._DEFINED_IN
     path = RooflineLinear().fit(as_arrays(cdmpp_small["train"])).save(tmp_path / "rf.pt")
-    assert torch.load(path, weights_only=False)["module"] == "tensorplan.cdmpp.baselines"
+    assert torch.load(path, weights_only=True)["module"] == "tensorplan.cdmpp.baselines"
     code = ("import sys; from tensorplan.cdmpp.base import load_estimator; m = load_estimator(sys.argv[1]); "
             "assert 'tensorplan.cdmpp.evaluate' not in sys.modules; print(type(m).__name__)")
-    for blob_module in ("tensorplan.cdmpp.baselines", None):
-        blob = torch.load(path, weights_only=False)
+    for blob_module in ("tensorplan.cdmpp.baselines", None, "tensorplan.cdmpp.evaluate"):
+        blob = torch.load(path, weights_only=True)
         if blob_module is None:
             del blob["module"]              # as in files saved before the module was recorded
+        else:
+            blob["module"] = blob_module    # a module the file names is not imported
         torch.save(blob, path)
         out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "RooflineLinear"
-    blob = torch.load(path, weights_only=False)
-    blob["class"], blob["module"] = "Elsewhere", "os"
-    torch.save(blob, path)
-    with pytest.raises(TensorplanError, match="unknown model class Elsewhere .defined in os"):
-        load_estimator(path)
+    blob = torch.load(path, weights_only=True)
+    for cls_name, module in (("Elsewhere", "os"), ("Evaluation", "tensorplan.cdmpp.evaluate")):
+        blob["class"], blob["module"] = cls_name, module
+        torch.save(blob, path)
+        with pytest.raises(TensorplanError, match=f"unknown model class {cls_name} .the file says it is defined "
+                                                  f"in {module}"):
+            load_estimator(path)
 
 
 def test_feature_helpers(cdmpp_small):

@@ -188,7 +188,7 @@ def test_weights_from_another_network_shape_fail_clearly(small, tmp_path):
     older version with batch norm) must say so and what to do, not dump a state-dict diff."""
     m = CDMPP(epochs=1, batch_size=64, seed=0).fit(as_arrays(small["train"]))
     path = m.save(tmp_path / "m.pt")
-    blob = torch.load(path, weights_only=False)
+    blob = torch.load(path, weights_only=True)
     blob["params"]["emb_norm"] = "batch"
     torch.save(blob, path)
     with pytest.raises(TensorplanError, match="retrain"):

@@ -32,6 +32,26 @@ class StoreError(TensorplanError):
     """The measurement store is missing, corrupt or of an unknown schema."""
 
 
+class StoreCorruptError(StoreError):
+    """The store file is damaged (garbage pages, truncated, or not an SQLite file at all)."""
+
+
+class StoreReadOnlyError(StoreError):
+    """The store file or its directory cannot be written (permissions, read-only file system)."""
+
+
+class StoreFullError(StoreError):
+    """A write to the store failed because its disk is full (or failed with an I/O error)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process held the store's write lock for longer than the busy timeout."""
+
+
+class OutputPathError(TensorplanError):
+    """An output file cannot be written (a directory, no permission, no space)."""
+
+
 class PlanError(TensorplanError):
     """A plan failed verification or its solve failed."""
 

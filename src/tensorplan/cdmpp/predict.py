@@ -106,6 +106,12 @@ class KernelPrediction:
     default: SchedulePrediction
     tuned: SchedulePrediction | None = None
     log_spread: float | None = None   # an ensemble's std of its members' log predictions
+    floor_s: float | None = None      # the device's roofline floor per call (`roofline_floor`)
+
+    @property
+    def below_floor(self) -> bool:
+        """The default schedule is predicted faster than the device's peak and bandwidth allow."""
+        return self.floor_s is not None and self.default.predicted_s < self.floor_s
 
     @property
     def predicted_s(self) -> float:
@@ -123,6 +129,8 @@ class KernelPrediction:
                              "predicted_us": 1e6 * self.predicted_s, "total_us": 1e6 * self.total_s}
         if self.log_spread is not None:
             d["log_spread"] = self.log_spread
+        if self.floor_s is not None:
+            d.update(floor_us=1e6 * self.floor_s, below_floor=self.below_floor)
         _measured_fields(d, self.default, "")
         if self.tuned is not None:
             d.update(candidates=self.tuned.candidates, tuned_sample=self.tuned.sample,
@@ -217,6 +225,9 @@ class NetworkPrediction:
     same_device_as: str | None = None   # a learnt domain with this device's vector, predicted as it
     warning: str | None = None     # the zero-shot note, with what to do about it
     member_total_s: list[float] | None = None   # an ensemble: the total as each member predicts it
+    below_floor: list[str] = field(default_factory=list)   # kernels predicted below their roofline floor
+    total_below_floor: bool = False             # the total predicted below the sum of the kernels' floors
+    floor_warning: str | None = None            # says so, naming them and the device figures
     measured: MeasuredCheck | None = None
     schedules_dir: Path | None = None
     featurize_s: float = 0.0
@@ -237,6 +248,13 @@ class NetworkPrediction:
         if not self.tuned:
             return None
         return sum(k.tuned.predicted_s * k.calls for k in self.kernels if k.tuned is not None)
+
+    @property
+    def floor_s(self) -> float | None:
+        """The network's roofline floor: calls x each kernel's floor, summed (None: not computed)."""
+        if any(k.floor_s is None for k in self.kernels):
+            return None
+        return sum(k.floor_s * k.calls for k in self.kernels)
 
     @property
     def unscheduled(self) -> list[str]:
@@ -266,6 +284,9 @@ class NetworkPrediction:
         if self.tuned:
             d["tuned"] = self.tuned
             d["tuned_total_ms"] = 1e3 * self.tuned_total_s
+        if self.floor_s is not None:
+            d.update(floor=FLOOR_WHAT, floor_ms=1e3 * self.floor_s, below_floor=self.below_floor,
+                     total_below_floor=self.total_below_floor, floor_warning=self.floor_warning)
         if self.member_total_s is not None:
             d["member_total_ms"] = [1e3 * t for t in self.member_total_s]
         if self.measured is not None:
@@ -279,6 +300,70 @@ class NetworkPrediction:
 # ------------------------------------------------------------------------------------------------
 # Pieces
 # ------------------------------------------------------------------------------------------------
+
+FLOOR_WHAT = ("roofline floor per kernel = max(FLOPs / the device's peak FP32 FLOP/s, the bytes of its output beyond "
+              "what the device's caches hold / its memory bandwidth), from the DeviceSpec's figures; a prediction "
+              "below it is faster than those figures allow")
+
+
+def cache_bytes(spec: DeviceSpec) -> float:
+    """All on-chip cache of a device in bytes (L1 and L2 per core on a CPU, the GPU's L2, the L3)."""
+    per = spec.cores if spec.kind == "cpu" else 1
+    return 1024.0 * ((float(spec.l1_kb or 0) + float(spec.l2_kb or 0)) * max(int(per or 1), 1) + float(spec.l3_kb or 0))
+
+
+def roofline_floor(spec: DeviceSpec, flops, out_bytes) -> np.ndarray:
+    """Seconds per call no kernel can beat on `spec` as its figures state it: max(FLOPs / peak FP32
+    FLOP/s, (output bytes - all on-chip cache) / memory bandwidth). The memory term is what must
+    reach memory on every call: a kernel writes its whole output, and what its caches cannot hold
+    leaves the chip. Unique or input bytes are no floor: a kernel timed warm reads them from
+    cache (on the CPU dataset 6 % of the timings beat bytes / DRAM bandwidth; none beats this
+    term). A device without a figure (0) has no term for it."""
+    flops = np.maximum(np.asarray(flops, np.float64), 0.0)
+    spill = np.maximum(np.asarray(out_bytes, np.float64) - cache_bytes(spec), 0.0)
+    peak, bw = float(spec.peak_fp32_gflops or 0.0) * 1e9, float(spec.mem_bw_gbs or 0.0) * 1e9
+    tc = flops / peak if peak > 0 else np.zeros_like(flops)
+    tm = spill / bw if bw > 0 else np.zeros_like(spill)
+    return np.maximum(tc, tm)
+
+
+def output_bytes(prog: Any) -> float:
+    """Bytes of a kernel's output (its PrimFunc's last parameter), 0 when it cannot be read."""
+    import math
+
+    import tvm
+    from tvm import tirx
+
+    try:
+        mod = prog.mod if hasattr(prog, "mod") and not isinstance(prog, tvm.IRModule) else prog
+        if isinstance(mod, tvm.IRModule):
+            funcs = [f for _, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+            mod = funcs[0] if len(funcs) == 1 else None
+        buf = mod.buffer_map.get(mod.params[-1], mod.params[-1]) if hasattr(mod, "buffer_map") else None
+        shape = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in buf.shape]
+        return float(math.prod(shape) * tvm.DataType(str(buf.dtype)).bits // 8)
+    except Exception:  # noqa: BLE001 - no readable output buffer: no memory term
+        return 0.0
+
+
+def _floor_check(res: "NetworkPrediction") -> None:
+    """Fill in the kernels predicted below their floor, whether the total is, and the warning."""
+    res.below_floor = [k.name for k in res.kernels if k.below_floor]
+    floor = res.floor_s
+    res.total_below_floor = floor is not None and res.total_s < floor
+    if not res.below_floor and not res.total_below_floor:
+        res.floor_warning = None
+        return
+    spec = res.device
+    names = ", ".join(f"{k.name} ({1e6 * k.predicted_s:.3g} < {1e6 * k.floor_s:.3g} µs)"
+                      for k in res.kernels if k.below_floor)
+    res.floor_warning = (
+        f"{len(res.below_floor)} of {len(res.kernels)} kernels predicted below the roofline floor of "
+        f"'{res.domain}' ({spec.peak_fp32_gflops:g} GFLOP/s, {spec.mem_bw_gbs:g} GB/s): {names}"
+        + (f"; the total too ({1e3 * res.total_s:.4g} ms < floor {1e3 * floor:.4g} ms)" if res.total_below_floor
+           else "")
+        + ". Such a prediction is faster than the device can run: the model extrapolates there, or the device's "
+          "figures are too low (a warm cache can beat the DRAM bandwidth term).")
 
 def task_schedules(task, target=None, n: int = 1, tries: int = 8) -> list[tuple]:
     """The first `n` valid meta-schedule design-space samples of a task among draws 0..tries-1 ->
@@ -593,12 +678,20 @@ def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local
     spec, dom = resolve_device(device)
     is_gpu = spec.kind == "gpu"
     local = re.fullmatch(r"local-(\d+)t", dom)
+    here_model = None
     if weights is None and calibrated and local:
         here_model = local_model_path(int(local.group(1)))
         weights = here_model if here_model.exists() else None    # `tensorplan calibrate` made one for this CPU
     if weights is None and is_gpu:
         weights = SHIPPED_GPU_MODEL                  # trained on the H100's own CUDA programs
-    est = load_shipped() if weights is None else load_estimator(weights)
+    try:
+        est = load_shipped() if weights is None else load_estimator(weights)
+    except TensorplanError as e:
+        if here_model is None or weights != here_model:
+            raise
+        raise TensorplanError(f"this CPU's calibration (cached by `tensorplan calibrate`) could not be used: {e}. "
+                              "Rerun `tensorplan calibrate` (it replaces that file), or predict with the shipped "
+                              "model (--shipped, calibrated=False)") from None
     known = list(getattr(est, "domains_", None) or [])
     learnt_all = getattr(est, "domain_features_", None) or {}
     if is_gpu and known and not any(_domain_is_gpu(d, learnt_all.get(d)) for d in known):
@@ -622,6 +715,7 @@ def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local
     t2 = time.perf_counter()
     owner = np.array([j for j, _, _ in progs])
     first = np.searchsorted(owner, np.arange(len(tasks)))       # each task's default-schedule row
+    floors = roofline_floor(spec, [t.flops for t in tasks], [output_bytes(t.mod) for t in tasks])
     kernels: list[KernelPrediction] = []
     mods, tuned_mods = [], []
     for j, t in enumerate(tasks):
@@ -629,7 +723,8 @@ def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local
         kind = DEFAULT if first_sample[j] is not None else UNSCHEDULED
         k = KernelPrediction(name=t.name, key=t.key, calls=int(t.networks.get(name, 1)), flops=float(t.flops),
                              leaves=asts[r].n_leaves, default=SchedulePrediction(kind, progs[r][2], float(pred[r])),
-                             log_spread=float(spread[r]) if spread is not None else None)
+                             log_spread=float(spread[r]) if spread is not None else None,
+                             floor_s=float(floors[j]))
         mods.append(progs[r][1])
         if tuned:
             rows = np.flatnonzero(owner == j)
@@ -648,6 +743,9 @@ def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local
         if logs is not None else None,   # the whole model as each member alone predicts it: a range
         schedules_dir=Path(save_schedules) if save_schedules is not None else None,
         featurize_s=t1 - t0, predict_s=t2 - t1)
+    _floor_check(res)
+    if res.floor_warning and log:
+        log(f"warning: {res.floor_warning}")
     if res.unscheduled and is_gpu and log:   # a loop nest without thread binding is no CUDA program at all
         log(f"warning: no valid CUDA schedule in {GPU_SAMPLE_TRIES} draws for {', '.join(res.unscheduled[:5])}"
             f"{' ...' if len(res.unscheduled) > 5 else ''}: predicted from the plain loop nest, not a GPU program")

@@ -54,13 +54,16 @@ def register(app: typer.Typer) -> None:
                                      "kirin990 (every system is compared)."),
         method: str = typer.Option("greedy", help="Chain search on real processors: none | greedy | dp | "
                                    "exhaustive, or one processor alone: cpu | gpu."),
-        repeats: int = typer.Option(5, help="Timed runs per segment and whole-model rounds (real processors)."),
-        seed: int = typer.Option(0, help="Simulator seed."),
+        repeats: int = typer.Option(5, min=1, help="Timed runs per segment and whole-model rounds (real processors)."),
+        seed: int = typer.Option(0, min=0, help="Simulator seed."),
         data: str = typer.Option("", help="CoDL training data directory (default: data/codl)."),
         timeline: str = typer.Option("", help="Write a timeline PNG of both processors here."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Plan per-op splits (H/OC × ratio) and operator chains; report predicted vs measured (or simulated) latency."""
+        from tensorplan.cli.common import output_file
+
+        output_file(timeline, "--timeline")
         con = Console()
         if simulate:
             from tensorplan.workflows.coexec import simulate as simulate_model

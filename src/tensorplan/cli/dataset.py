@@ -19,11 +19,11 @@ _STORE_OPT = typer.Option(None, "--store", help="Measurement store (default: $TE
 @dataset_app.command("collect")
 def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Comma-separated zoo names or .onnx paths "
                                                    "(default: the zoo networks of tensorplan.cdmpp.tasks.DEFAULT_NETWORKS)."),
-            programs_per_task: int = typer.Option(64, "--programs-per-task", help="Schedules sampled per task."),
+            programs_per_task: int = typer.Option(64, "--programs-per-task", min=1, help="Schedules sampled per task."),
             threads: str = typer.Option("1,2", "--threads", help="Thread counts; each is a device domain local-<N>t."),
             store: Optional[Path] = _STORE_OPT,
             budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
-            batch: int = typer.Option(4, "--batch", help="Programs per task per round-robin visit."),
+            batch: int = typer.Option(4, "--batch", min=1, help="Programs per task per round-robin visit."),
             max_kernel_ms: float = typer.Option(100.0, "--max-kernel-ms", help="Skip programs slower than this per call."),
             prefix: Optional[str] = typer.Option(None, "--prefix", help="Name this machine's domains <prefix>-<N>t "
                                                  "(e.g. zen4) instead of local-<N>t: another CPU than the dataset's."),
@@ -35,12 +35,11 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
             json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
             no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Sample schedules of every fused kernel, compile once, time at each thread count; resumable."""
-    from tensorplan.errors import TensorplanError
-    try:
-        ths = [int(t) for t in threads.split(",") if t.strip()]
-    except ValueError:
-        raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
+    from tensorplan.cli.common import positive, thread_counts
+    ths = thread_counts(threads)
+    positive(budget_minutes, "--budget-minutes")
     os.environ["TVM_NUM_THREADS"] = str(max(ths))   # before TVM's runtime pool exists
+    positive(max_kernel_ms, "--max-kernel-ms")
     from tensorplan.cdmpp.dataset import collect as _collect
     from tensorplan.cdmpp.dataset import timed_programs
     nets = [n.strip() for n in networks.split(",")] if networks else None
@@ -66,14 +65,13 @@ def remeasure(store: Optional[Path] = _STORE_OPT,
                   help="Only programs measured before this ISO time (UTC), e.g. 2026-11-22T02:00 (a noisy period)."),
               json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Re-time stored programs with the current timer (replaces their measurements); resumable."""
+    from tensorplan.cli.common import positive, thread_counts
     from tensorplan.errors import StoreError, TensorplanError
     from tensorplan.cdmpp.dataset import remeasure as _remeasure
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
-    try:
-        ths = [int(t) for t in threads.split(",") if t.strip()]
-    except ValueError:
-        raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
+    ths = thread_counts(threads)
+    positive(budget_minutes, "--budget-minutes")
     before = None
     if measured_before:
         from datetime import datetime, timezone
@@ -94,7 +92,7 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
                    data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: the committed data/cdmpp/)."),
                    store: Optional[Path] = _STORE_OPT,
                    threads: str = typer.Option("1,2", "--threads", help="Thread counts; each is a device domain <prefix>-<N>t."),
-                   programs_per_task: int = typer.Option(8, "--programs-per-task", help="Dataset programs re-timed per task."),
+                   programs_per_task: int = typer.Option(8, "--programs-per-task", min=1, help="Dataset programs re-timed per task."),
                    budget_minutes: Optional[float] = typer.Option(None, "--budget-minutes", help="Stop after this long (resume later)."),
                    merge: bool = typer.Option(True, "--merge/--no-merge", help="Add the records to the dataset when done."),
                    workers: int = typer.Option(1, "--workers", min=1, help="Processes compiling batches of programs "
@@ -106,11 +104,9 @@ def measure_device(prefix: str = typer.Option(..., "--prefix", help="Name of thi
     Same schedules and features, new latencies: for cross-device evaluation and few-shot
     fine-tuning. Programs the dataset already holds on every requested domain are skipped, so a
     second machine of the same kind adds new programs."""
-    from tensorplan.errors import TensorplanError
-    try:
-        ths = [int(t) for t in threads.split(",") if t.strip()]
-    except ValueError:
-        raise TensorplanError(f"--threads: expected comma-separated integers such as 1,2, got {threads!r}") from None
+    from tensorplan.cli.common import positive, thread_counts
+    ths = thread_counts(threads)
+    positive(budget_minutes, "--budget-minutes")
     os.environ["TVM_NUM_THREADS"] = str(max(ths))   # before TVM's runtime pool exists
     from tensorplan.cdmpp.dataset import measure_device as _measure, merge_device as _merge
     d = _measure(prefix, data=data, store=store, threads=ths, programs_per_task=programs_per_task,
@@ -160,7 +156,7 @@ def sample(target: str = typer.Option("nvidia/nvidia-h100", "--target", help="TV
                                       "schedules for (no GPU needed), e.g. nvidia/nvidia-h100, nvidia/nvidia-a100."),
            out: Path = typer.Option(..., "-o", "--out", help="Programs file to write (parquet)."),
            data: Optional[Path] = typer.Option(None, "--data", help="Dataset whose tasks to sample (default: data/cdmpp/)."),
-           programs_per_task: int = typer.Option(8, "--programs-per-task", help="Valid schedules wanted per task."),
+           programs_per_task: int = typer.Option(8, "--programs-per-task", min=1, help="Valid schedules wanted per task."),
            skip_timed: Optional[Path] = typer.Option(None, "--skip-timed", help="GPU dataset whose programs are left "
                                                      "out (already timed), e.g. data/cdmpp-h100."),
            workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Sampling processes (default: every CPU)."),
@@ -170,7 +166,9 @@ def sample(target: str = typer.Option("nvidia/nvidia-h100", "--target", help="TV
     The design space's postprocessors are applied; `measure-gpu` then times the programs on the
     GPU machine as a new device domain. With --skip-timed DIR (and more programs per task than DIR
     holds) the file holds only the draws DIR has not timed: a later GPU session's work."""
+    from tensorplan.cli.common import output_file
     from tensorplan.cdmpp.gpu_dataset import sample_programs, untimed, write_programs
+    output_file(out, "-o/--out")
     if skip_timed is not None:
         untimed([], skip_timed)        # a wrong directory fails now, not after minutes of sampling
     progs = sample_programs(target, data=data, programs_per_task=programs_per_task, workers=workers)
@@ -196,7 +194,9 @@ def measure_gpu(programs: Path = typer.Option(..., "--programs", help="Programs 
     """Compile and time sampled CUDA programs on this machine's GPU as device NAME; resumable.
 
     `tensorplan predictor dataset export --store S --out DIR` then writes them as a dataset."""
+    from tensorplan.cli.common import positive
     from tensorplan.cdmpp.gpu_dataset import measure_gpu as _measure, read_programs
+    positive(budget_minutes, "--budget-minutes")
     d = _measure(name, read_programs(programs), data=data, store=store, workers=workers,
                  budget_minutes=budget_minutes, limit=limit, progress=not no_progress).to_dict()
     if json_out:
@@ -214,7 +214,9 @@ def export(store: Optional[Path] = _STORE_OPT,
            json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Featurise every stored program and write the compact dataset (parquet + float16 npz)."""
     from tensorplan.errors import StoreError
+    from tensorplan.cli.common import output_dir
     from tensorplan.cdmpp.dataset import export as _export
+    output_dir(out, "--out")
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
     r = _export(store, out, workers=workers)
@@ -227,7 +229,7 @@ def export(store: Optional[Path] = _STORE_OPT,
 
 @dataset_app.command("stats")
 def stats(data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory (default: the committed data/cdmpp/)."),
-          max_cov: float = typer.Option(0.01, "--max-cov", help="Spread threshold for stable records (network latencies)."),
+          max_cov: float = typer.Option(0.01, "--max-cov", min=0.0, help="Spread threshold for stable records (network latencies)."),
           metric: str = typer.Option("cov", "--metric", help="Spread measure: cov (std/mean, CDMPP) or mad (MAD/median)."),
           json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Counts (records, programs, tasks, networks, devices), stability, and measured network latencies.

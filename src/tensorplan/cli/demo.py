@@ -37,10 +37,15 @@ def register(app: typer.Typer) -> None:
         Runtime and torch.compile, interleaved."""
         import tensorplan as tp
 
+        from tensorplan.cli.run import one_line_errors
+        from tensorplan.errors import TensorplanError
         con = Console(stderr=as_json)
-        rep = tp.run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
-                          progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"),
-                          vs_torch_compile=vs_torch_compile, save_plan=save_plan)
+        with one_line_errors():
+            if threads is not None and threads < 1:
+                raise TensorplanError(f"--threads {threads}: give a thread count >= 1")
+            rep = tp.run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
+                              progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"),
+                              vs_torch_compile=vs_torch_compile, save_plan=save_plan)
         ok_all = rep.agree and (rep.plan is None or rep.plan.agree)
         if report:
             from tensorplan.workflows.report import write_demo_report

@@ -24,7 +24,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show this machine's CPU (measured bandwidth / GEMM FLOP/s, cached) and GPUs, and the known catalog."""
         import tensorplan as tp
+        from tensorplan.cli.common import output_file
 
+        output_file(save, "--save")
         con = Console(stderr=True)
         if refresh:
             con.print("measuring bandwidth and GEMM FLOP/s (a few seconds per thread count)...")

@@ -33,7 +33,13 @@ def register(app: typer.Typer) -> None:
         import tensorplan as tp
         con = Console(stderr=True)
         log = None if as_json else (lambda msg: con.print(f"[dim]{msg}[/]"))
-        with con.status(f"exporting {target} ..."):
+        from tensorplan.cli.run import one_line_errors
+        from tensorplan.errors import TensorplanError
+        with one_line_errors(), con.status(f"exporting {target} ..."):
+            if rounds < 0:
+                raise TensorplanError(f"--rounds {rounds}: give a count >= 0 (0: no timing)")
+            if threads is not None and threads < 1:
+                raise TensorplanError(f"--threads {threads}: give a thread count >= 1")
             res = tp.export_onnx(target, output, threads=threads, check=check, tol=tol, rounds=rounds, opset=opset,
                                  input_shapes=parse_shapes(input_shape), log=log)
         if as_json:

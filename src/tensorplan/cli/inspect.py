@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
                 check: bool = typer.Option(False, "--check", help="Compare the reference executor "
                                            "with ONNX Runtime on random inputs (tolerance 1e-4; fp16/bf16 outputs: "
                                            "8 machine epsilons)."),
-                seed: int = typer.Option(0, help="Seed of the random inputs for --check."),
+                seed: int = typer.Option(0, min=0, help="Seed of the random inputs for --check."),
                 as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
         """Operators by type (count, FLOPs, bytes), parameters, totals, unsupported operators."""
         import tensorplan as tp

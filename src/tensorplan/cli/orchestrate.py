@@ -70,18 +70,29 @@ def register(app: typer.Typer) -> None:
         """Fission, candidate kernels, measured costs, BLP, end-to-end race: a verified plan."""
         import tensorplan as tp
 
+        from tensorplan.cli.run import one_line_errors
+        from tensorplan.errors import TensorplanError
         err = Console(stderr=True)
-        plan = tp.orchestrate(
-            model, device=device, cost=cost, input_shapes=parse_shapes(input_shape), opset=opset,
-            threads=threads, jobs=jobs, method=method, max_nodes=max_nodes,
-            max_reduces=None if max_reduces < 0 else max_reduces, linear_epilogue=linear_epilogue,
-            recompute=not no_recompute, cuts=not no_cuts, time_limit=time_limit,
-            regions=None if regions else False, region_segments=region_segments, kernel_overhead_s=kernel_overhead,
-            rewrite=rewrite, winograd=winograd, race=race, race_inductor=race_inductor, race_rounds=race_rounds,
-            race_margin=race_margin, progress=not as_json,
-            log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
-        if output is not None:
-            plan.save(output)
+        with one_line_errors():
+            for flag, v, lo in (("--race-rounds", race_rounds, 1), ("--max-nodes", max_nodes, 1),
+                                ("--region-segments", region_segments, 1), ("--jobs", jobs, 1),
+                                ("--threads", threads, 1)):
+                if v is not None and v < lo:
+                    raise TensorplanError(f"{flag} {v}: give a count >= {lo}")
+            if output is not None and Path(output).is_dir():
+                raise TensorplanError(f"-o {output} is a directory; name the plan file to write, e.g. "
+                                      f"{Path(output) / 'plan.json'}")
+            plan = tp.orchestrate(
+                model, device=device, cost=cost, input_shapes=parse_shapes(input_shape), opset=opset,
+                threads=threads, jobs=jobs, method=method, max_nodes=max_nodes,
+                max_reduces=None if max_reduces < 0 else max_reduces, linear_epilogue=linear_epilogue,
+                recompute=not no_recompute, cuts=not no_cuts, time_limit=time_limit,
+                regions=None if regions else False, region_segments=region_segments,
+                kernel_overhead_s=kernel_overhead, rewrite=rewrite, winograd=winograd, race=race,
+                race_inductor=race_inductor, race_rounds=race_rounds, race_margin=race_margin, progress=not as_json,
+                log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
+            if output is not None:
+                plan.save(output)
         summ = plan.summary()
         if as_json:
             print(json.dumps({**summ.to_dict(), "plan": str(output) if output else None}, indent=2, default=str))

@@ -33,7 +33,9 @@ def _print_prediction(p, measure: bool) -> None:
                     f"default (untuned) schedules{rng}")
     spread = all(k.log_spread is not None for k in p.kernels)
     tuned = bool(p.tuned)
-    cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + (
+    floor = all(k.floor_s is not None for k in p.kernels)
+    cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["floor µs"] if floor else []) + (
+        ["spread ×"] if spread else []) + (
         ["meas µs", "pred/meas"] if measure else []) + ["× calls µs", "share"] + (
         ["tuned pred µs"] + (["tuned meas µs"] if measure else []) if tuned else [])
     for c in cols:
@@ -43,6 +45,8 @@ def _print_prediction(p, measure: bool) -> None:
         # spread ×: exp(std of the ensemble members' log predictions), 1.00 = full agreement
         extra = [f"{math.exp(k.log_spread):.2f}"] if spread else []
         d = k.default
+        pred = f"{d.predicted_s * 1e6:.1f}" + ("[bold red]*[/]" if k.below_floor else "")
+        fl = [f"{k.floor_s * 1e6:.2f}"] if floor else []
         if measure:
             extra += ([f"{d.measured_s * 1e6:.1f}", f"{d.predicted_s / d.measured_s:.2f}"] if d.measured_s
                       else [d.measure_error or "-", "-"])
@@ -52,10 +56,15 @@ def _print_prediction(p, measure: bool) -> None:
             if measure:
                 tail.append(f"{k.tuned.measured_s * 1e6:.1f}" if k.tuned.measured_s else (k.tuned.measure_error or "-"))
         name = k.name + (" (loop nest)" if d.kind == "unscheduled" else "")
-        t.add_row(name, str(k.calls), f"{k.flops / 1e6:.2f}", str(k.leaves), f"{d.predicted_s * 1e6:.1f}", *extra,
+        t.add_row(name, str(k.calls), f"{k.flops / 1e6:.2f}", str(k.leaves), pred, *fl, *extra,
                   f"{k.total_s * 1e6:.1f}", f"{100 * k.total_s / tot:.1f}%", *tail)
     con.print(t)
     con.print(f"[dim]{p.what}[/]")
+    if p.floor_s is not None:
+        con.print(f"[dim]roofline floor of the whole model: {p.floor_s * 1e3:.4g} ms (per kernel: max(FLOPs / "
+                  f"{p.device.peak_fp32_gflops:g} GFLOP/s, output bytes beyond the caches / "
+                  f"{p.device.mem_bw_gbs:g} GB/s)); {len(p.below_floor)} kernel(s) predicted below it (marked *)"
+                  + ("; the total is below it too" if p.total_below_floor else "") + "[/]")
     _log(f"{len(p.kernels)} kernels; featurize {p.featurize_s:.1f} s, predict {p.predict_s * 1e3:.1f} ms")
     m = p.measured
     if m and m.kernels_measured:
@@ -81,6 +90,8 @@ def _print_prediction(p, measure: bool) -> None:
         _log(f"not measured: {', '.join(m.kernels_failed)}")
     if p.warning:
         _err.print(f"[yellow]warning:[/] {p.warning}")
+    if p.floor_warning:
+        _err.print(f"[yellow]warning:[/] {p.floor_warning}")
 
 
 def register(app: typer.Typer) -> None:

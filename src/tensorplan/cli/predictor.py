@@ -43,22 +43,25 @@ def train_cmd(
                               "(xgboost, xgboost-hier, mlp, tlp, roofline); use the file with predict --weights."),
     parts: bool = typer.Option(True, "--parts/--no-parts", help="cdmpp also reads each program's analytic "
                                "compute / DRAM-footprint / cache-traffic seconds on its device (parts_input)."),
-    epochs: int = typer.Option(400, "--epochs", help="Maximum epochs (cdmpp)."),
+    epochs: int = typer.Option(400, "--epochs", min=1, help="Maximum epochs (cdmpp)."),
     max_time: float = typer.Option(600.0, "--max-time", help="Training time budget in seconds (per member)."),
-    members: int = typer.Option(1, "--members", help="Train an ensemble of this many seeds (>= 2): "
+    members: int = typer.Option(1, "--members", min=1, help="Train an ensemble of this many seeds (>= 2): "
                                 "averaged predictions and a per-kernel spread."),
-    workers: int = typer.Option(0, "--workers", help="Ensemble members trained at once, one CPU each "
+    workers: int = typer.Option(0, "--workers", min=0, help="Ensemble members trained at once, one CPU each "
                                 "(0: every CPU this process may use); each keeps its --max-time."),
-    max_spread: float = typer.Option(0.01, "--max-spread", help="Keep records whose repeat spread is <= this."),
+    max_spread: float = typer.Option(0.01, "--max-spread", min=0.0, help="Keep records whose repeat spread is <= this."),
     stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Train CDMPP (or --model) on the measured dataset (stable records) and save it."""
+    from tensorplan.cli.common import output_file, positive
     from tensorplan.forkmap import default_workers
     from tensorplan.paths import cache_dir
     from tensorplan.cdmpp.evaluate import make_model
     from tensorplan.cdmpp.model import SHIPPED_MODEL, train
 
+    output_file(out, "--out")
+    positive(max_time, "--max-time")
     if ship and model != "cdmpp":
         raise typer.BadParameter("--ship packages CDMPP only; save other models with --out", param_hint="--model")
     make = None
@@ -88,10 +91,10 @@ def finetune_cmd(
     device: str = typer.Option(..., "--device", help="Target device domain, e.g. local-1t."),
     model: Optional[Path] = typer.Option(None, "--model", help="Pre-trained model (default: shipped)."),
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset directory with the target's records."),
-    tasks: int = typer.Option(10, "--tasks", help="Number of tasks to measure on the target."),
-    per_task: int = typer.Option(8, "--per-task", help="Programs per selected task."),
+    tasks: int = typer.Option(10, "--tasks", min=1, help="Number of tasks to measure on the target."),
+    per_task: int = typer.Option(8, "--per-task", min=1, help="Programs per selected task."),
     method: str = typer.Option("kmeans", "--method", help="Task selection: kmeans or random."),
-    steps: int = typer.Option(300, "--steps", help="Fine-tuning steps."),
+    steps: int = typer.Option(300, "--steps", min=1, help="Fine-tuning steps."),
     adapt: str = typer.Option("finetune", "--adapt",
                               help="finetune: train CDMPP's head; calibrate: keep the model, fit a "
                                    "correction from --source predictions to this device."),
@@ -103,6 +106,8 @@ def finetune_cmd(
     """Few-shot fine-tune CDMPP for a device domain from KMeans-selected (or random) tasks."""
     from tensorplan.paths import cache_dir
     from tensorplan.cdmpp.finetune import finetune_device
+    from tensorplan.cli.common import output_file
+    output_file(out, "--out")
 
     dest = out or cache_dir() / "models" / f"cdmpp-{device}.pt"
     info = finetune_device(device, model=model, data=data, n_tasks=tasks, per_task=per_task, method=method,
@@ -134,10 +139,10 @@ def evaluate_cmd(
                                 "comma-separated (e.g. local-1t,local-2t,gpuhost-1t,gpuhost-16t)."),
     target: str = typer.Option("local-1t", "--target", help="Device split: held-out domain (few-shot target), "
                                "e.g. zen4-1t from `tensorplan predictor dataset measure-device`."),
-    fewshot_tasks: Optional[int] = typer.Option(None, "--fewshot-tasks", help="Tasks selected for few-shot."),
-    per_task: int = typer.Option(8, "--per-task", help="Programs per selected task."),
+    fewshot_tasks: Optional[int] = typer.Option(None, "--fewshot-tasks", min=1, help="Tasks selected for few-shot."),
+    per_task: int = typer.Option(8, "--per-task", min=1, help="Programs per selected task."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply every model's training budget."),
-    max_spread: float = typer.Option(0.01, "--max-spread", help="Keep records whose repeat spread is <= this."),
+    max_spread: float = typer.Option(0.01, "--max-spread", min=0.0, help="Keep records whose repeat spread is <= this."),
     stability: str = typer.Option("mad", "--stability", help="Spread measure: mad (MAD/median) or cov (CDMPP)."),
     devices: Optional[str] = typer.Option(None, "--devices", help="Keep only these device domains' records, "
                                           "comma-separated (default: all; e.g. local-1t,local-2t)."),
@@ -159,7 +164,11 @@ def run_evaluation(harness, *, data: Optional[str], out: Optional[Path], doc: Op
     """What `predictor evaluate` does with its options, with `harness` (default: the product's
     `evaluate.Harness`) naming the models: a harness that knows more models reuses the command."""
     from tensorplan.cdmpp.evaluate import evaluate, render_markdown, save_results, write_doc
+    from tensorplan.cli.common import output_file, positive
 
+    output_file(out, "--out")
+    output_file(doc, "--doc")
+    positive(time_scale, "--time-scale")
     if resume and out is None:
         raise typer.BadParameter("--resume needs --out (the result file to continue)", param_hint="--resume")
     earlier = None

@@ -4,10 +4,26 @@ Parses, makes one call (`tensorplan.load_plan(path).run(...)`) and prints its re
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from tensorplan.errors import TensorplanError
+
+
+@contextmanager
+def one_line_errors():
+    """A `TensorplanError` inside a command becomes one line on stderr and exit code 2, no
+    traceback, also where the app is invoked without `tensorplan.cli.main` (typer's CliRunner)."""
+    try:
+        yield
+    except TensorplanError as e:
+        msg = " ".join(str(e).split("\n")) if "\n" in str(e) and len(str(e)) < 400 else str(e)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(msg)}")
+        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -27,15 +43,20 @@ def register(app: typer.Typer) -> None:
         """Run a plan on this machine: median latency, predicted vs measured, max error vs ORT."""
         import tensorplan as tp
         con = Console(stderr=True)
-        p = tp.load_plan(plan)
-        kw = dict(check=check, repeats=repeats or None, threads=threads, kernel_times=kernel_times, tol=tol)
-        if as_json:
-            res = p.run(**kw)
-            print(json.dumps(res.to_dict(), indent=2, default=float))
-        else:
-            with con.status(f"compiling and running {plan} ..."):
+        with one_line_errors():
+            if repeats < 0:
+                raise TensorplanError(f"--repeats {repeats}: give a count >= 1 (or 0 to repeat for ~2 s)")
+            if threads is not None and threads < 1:
+                raise TensorplanError(f"--threads {threads}: give a thread count >= 1")
+            p = tp.load_plan(plan)     # verified against its model before anything runs
+            kw = dict(check=check, repeats=repeats or None, threads=threads, kernel_times=kernel_times, tol=tol)
+            if as_json:
                 res = p.run(**kw)
-            _print(Console(), res)
+                print(json.dumps(res.to_dict(), indent=2, default=float))
+            else:
+                with con.status(f"compiling and running {plan} ..."):
+                    res = p.run(**kw)
+                _print(Console(), res)
         if check and not res.ok:
             raise typer.Exit(1)
 
@@ -54,6 +75,8 @@ def _print(con: Console, res) -> None:
         colour = "green" if res.ok else "red"
         t.add_row("max rel err vs ORT", f"[{colour}]{res.max_rel_err:.2e}[/] (tolerance {res.tol:.1e})"
                   + ("" if res.ok else " → outputs differ from ONNX Runtime's"))
+        if res.reference:
+            t.add_row("ORT ran", escape(res.reference))
     if res.fallbacks:
         t.add_row("fallbacks", "\n".join(res.fallbacks[:5]) + (" ..." if len(res.fallbacks) > 5 else ""))
     con.print(t)

@@ -50,6 +50,9 @@ def export(parquet: Path = typer.Option(..., "--parquet", help="Directory for on
     import tensorplan as tp
     from tensorplan.errors import StoreError
 
+    from tensorplan.cli.common import output_dir
+
+    output_dir(parquet, "--parquet")
     if store is not None and not store.exists():
         raise StoreError(f"store '{store}' does not exist; pass an existing --store file")
     files = tp.Store(store).export_parquet(parquet)

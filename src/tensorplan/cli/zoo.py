@@ -55,7 +55,9 @@ def export_cmd(name: str = typer.Argument(..., help="zoo model name (see `tensor
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Export NAME to ONNX (cached under the tensorplan cache dir) and optionally copy it to -o."""
     import tensorplan as tp
+    from tensorplan.cli.common import output_file
 
+    output_file(output, "-o/--output")
     path = tp.zoo.export(name, opset=opset, force=force)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,9 @@
-"""ONNX -> static-shape `Graph` (opsets 11..21).
+"""ONNX -> static-shape `Graph` (default-domain opsets 11..26: 26 is the newest the pinned ONNX
+Runtime 1.31 loads; `MIN_OPSET`, `MAX_OPSET`).
 
-Steps: load (errors name the file) -> check opset/domains -> inline local functions
+Steps: load (errors name the file) -> check opset/domains and each node's operator version
+(a version newer than the reference executor implements, or a new attribute it does not
+honour, is an error naming the node, op and version) -> inline local functions
 and constant-condition `If`s -> repeat {onnx shape inference (strict, data_prop) on a
 weight-free skeleton; fold every node whose inputs are constant, and `Shape`/`Size` of
 static tensors} until nothing changes -> shapes left unknown are found by running the
@@ -11,6 +14,8 @@ a symbolic input dimension without an override is an error that names it.
 """
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +28,11 @@ from tensorplan.ir.graph import Graph, Node, Tensor, unique_name
 from tensorplan.ir.ort_node import ort_has_kernel
 from tensorplan.ir.reference import ONNX_TO_NP, OPS, _OPSET, is_foreign, run_node, run_reference
 
-MIN_OPSET, MAX_OPSET = 11, 21
+MIN_OPSET, MAX_OPSET = 11, 26
+# Every operator version up to this opset was checked against the reference executor (newer
+# versions of its ops only added element types, or attributes gated in `_UNHONOURED`). A node
+# whose op version is newer than this is refused by name rather than run on older semantics.
+_REVIEWED_OPSET = 26
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 # Ops never folded even with constant inputs (random or stateful).
 _NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -121,6 +130,206 @@ def _check_opset(proto: onnx.ModelProto, label: str) -> int:
     return int(v)
 
 
+# ------------------------------------------------------------------ validation
+_NODE_IN_MSG = re.compile(r"\(op_type:([^,)]*)(?:, node name: ([^)]*))?\): (.*)")
+_NODE_CTX_MSG = re.compile(r"Bad node spec for node\. Name: (.*?) OpType: (\S*)")
+_DIFFER_MSG = re.compile(r"Inferred (shape|elem type) (?:and existing (?:shape|elem type) differ|"
+                         r"differs from existing elem type)(.*)")
+_ATTR_TYPE_MSG = re.compile(r"Mismatched attribute type in '[^']*?:\s*([^']*)'\. Expected: '(\w+)', "
+                            r"actual: '(\w+)'")
+_VS_MSG = re.compile(r"(?:in (dimension \d+|rank))?:?\s*\(([^)]*)\) vs \(([^)]*)\)")
+
+
+def _elem_name(v: str) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(int(v))
+    except Exception:
+        return v
+
+
+def _reword(reason: str, outs: str) -> str:
+    """onnx's wording of the common failures, said in tensorplan's words."""
+    a = _ATTR_TYPE_MSG.search(reason)
+    if a:
+        return (f"attribute '{a.group(1).strip()}' has type {a.group(3)}, but the operator "
+                f"requires {a.group(2)}")
+    d = _DIFFER_MSG.search(reason)
+    if d:
+        what = "shape" if d.group(1) == "shape" else "element type"
+        vs = _VS_MSG.search(d.group(2))
+        target = f"its output {outs}" if outs else "its output"
+        if vs:
+            got, want = vs.group(2), vs.group(3)
+            if what == "element type":
+                got, want = _elem_name(got), _elem_name(want)
+            part = f" in {vs.group(1)}" if vs.group(1) else ""
+            return (f"the {what} it computes contradicts the {what} the model declares for "
+                    f"{target}{part}: computed {got}, declared {want}")
+        return f"the {what} it computes contradicts the {what} the model declares for {target}"
+    return reason
+
+
+def _validation_copy(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]],
+                     node_names: list[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The model as given, without its big weights (they go in as typed inputs), for the checker
+    and strict shape inference; nodes carry tensorplan's (unique, non-empty) names for errors.
+
+    Graph outputs declared without a shape (ONNX Runtime accepts them, the checker does not)
+    are checked only for their element type (as value_info)."""
+    g = proto.graph
+    m = onnx.ModelProto()
+    m.ir_version = proto.ir_version
+    m.opset_import.extend(proto.opset_import)
+    mg = m.graph
+    mg.name = g.name or "graph"
+    mg.node.extend(g.node)
+    declared_in = {vi.name for vi in g.input}
+    for vi in g.input:
+        c = mg.input.add()
+        c.CopyFrom(vi)
+        tt = c.type.tensor_type
+        if c.type.HasField("tensor_type") and not tt.HasField("shape") and vi.name in input_shapes:
+            tt.shape.SetInParent()
+            for d in input_shapes[vi.name]:
+                tt.shape.dim.add().dim_value = int(d)
+    for t in g.initializer:
+        n = 1
+        for d in t.dims:
+            n *= int(d)
+        if n <= _SKELETON_DATA_LIMIT:
+            mg.initializer.add().CopyFrom(t)
+        elif t.name not in declared_in:
+            mg.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    mg.sparse_initializer.extend(g.sparse_initializer)
+    mg.value_info.extend(g.value_info)
+    for vi in g.output:
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and not tt.HasField("shape"):
+            mg.value_info.add().CopyFrom(vi)
+        else:
+            mg.output.add().CopyFrom(vi)
+    names: dict[str, str] = {}
+    for k, n in enumerate(mg.node):
+        if k < len(node_names):
+            n.name = node_names[k]
+        names[n.name] = f"node '{n.name}' ({n.op_type})"
+    return m, names
+
+
+def _validation_error(label: str, err: Exception, names: dict[str, str],
+                      copy: onnx.ModelProto) -> ModelImportError:
+    """A checker/shape-inference failure as one line naming the node and op."""
+    text = str(err).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else type(err).__name__
+    where, reason = None, first
+    m = _NODE_IN_MSG.search(text)
+    if m:
+        op, nname, reason = m.group(1), (m.group(2) or "").strip(), m.group(3).strip()
+        reason = re.sub(r"^(\[\w+\]\s*)+", "", reason)
+        where = names.get(nname) if nname else None
+        if where is None:
+            cands = [v for k, v in names.items() if v.endswith(f"({op})") or f"({op}," in v]
+            where = cands[0] if len(cands) == 1 else f"a {op} node"
+        reason = _reword(reason, _declared_outputs(copy, nname, op))
+    else:
+        c = _NODE_CTX_MSG.search(text)
+        if c:
+            nname, op = c.group(1).strip(), c.group(2).strip()
+            where = names.get(nname, f"node '{nname}' ({op})")
+            reason = _reword(re.sub(r"^(\[\w+\]\s*)+", "", first), "")
+    reason = reason.rstrip(".")
+    msg = f"{label}: " + (f"{where}: " if where else "") + f"invalid model: {reason}"
+    return ModelImportError(msg)
+
+
+def _declared_outputs(proto: onnx.ModelProto, nname: str, op: str) -> str:
+    declared = {vi.name for vi in proto.graph.output} | {vi.name for vi in proto.graph.value_info}
+    for n in proto.graph.node:
+        if n.name == nname and n.op_type == op:
+            outs = [o for o in n.output if o in declared]
+            return ", ".join(f"'{o}'" for o in outs)
+    return ""
+
+
+def _in_function_body(text: str, m: onnx.ModelProto) -> bool:
+    """The first strict-inference error is inside the body onnx expands for a function operator
+    (not an If/Loop/Scan sub-graph of the model)."""
+    found = _NODE_IN_MSG.search(text)
+    if not found or "Inference error(s): (op_type:" not in found.group(3):
+        return False
+    op = found.group(1)
+    if op in ("If", "Loop", "Scan", "SequenceMap"):
+        return False
+    try:
+        schema = onnx.defs.get_schema(op, max(o.version for o in m.opset_import
+                                              if o.domain in _DEFAULT_DOMAINS), "")
+    except Exception:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+def _sort_nodes(g: onnx.GraphProto) -> None:
+    """Order g's nodes so each comes after the producers of its inputs (stable otherwise)."""
+    produced = {o for n in g.node for o in n.output if o}
+    done: set[str] = set()
+    pending = list(g.node)
+    order: list[onnx.NodeProto] = []
+    while pending:
+        rest = []
+        for n in pending:
+            deps = {i for i in n.input if i in produced} | (
+                _subgraph_reads_node(n) & produced)
+            if deps <= done:
+                order.append(n)
+                done.update(o for o in n.output if o)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            order.extend(rest)  # a cycle: the checker names it
+            break
+        pending = rest
+    nodes = [onnx.NodeProto() for _ in order]
+    for dst, src in zip(nodes, order):
+        dst.CopyFrom(src)
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def _subgraph_reads_node(n: onnx.NodeProto) -> set[str]:
+    reads: set[str] = set()
+    for a in n.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            reads |= _subgraph_reads(a.g)
+    return reads
+
+
+def _validate(proto: onnx.ModelProto, label: str,
+              input_shapes: dict[str, tuple[int, ...]] | None, node_names: list[str]) -> None:
+    """Refuse what ONNX Runtime refuses to load: onnx's checker (op schemas, attribute types,
+    arity, graph structure) and strict type and shape inference with data propagation on the
+    model as given, declared value_info and output shapes included."""
+    m, names = _validation_copy(proto, dict(input_shapes or {}), node_names)
+    try:
+        try:
+            onnx.checker.check_model(m, full_check=False)
+        except onnx.checker.ValidationError as e:
+            if "topologically sorted" not in str(e):
+                raise
+            # ONNX Runtime sorts the nodes itself; so does tensorplan (`_toposort`)
+            _sort_nodes(m.graph)
+            onnx.checker.check_model(m, full_check=False)
+        try:
+            onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True, data_prop=True)
+        except onnx.shape_inference.InferenceError as e:
+            if not _in_function_body(str(e), m):
+                raise
+            # onnx's own expansion of a function operator (MeanVarianceNormalization) fails
+            # strict inference on valid models ONNX Runtime loads: only the checker's verdict holds
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise _validation_error(label, e, names, m) from None
+
+
 # ------------------------------------------------------------------ proto -> IR pieces
 def _attr_value(a: onnx.AttributeProto, where: str) -> Any:
     T = onnx.AttributeProto
@@ -204,6 +413,67 @@ class _State:
         self.shapes: dict[str, tuple[str, tuple[int, ...] | None]] = {}
         self.names: set[str] = set()
         self.domain_opsets: dict[str, int] = {}
+        self.proto_names: list[str] = []  # tensorplan's name of each node read, in order
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_versions(op: str, opset: int) -> tuple[int, int] | None:
+    """(version in effect at `opset`, version in effect at MIN_OPSET or the op's first version)
+    of a default-domain op; None if onnx does not know the op at that opset."""
+    try:
+        since = onnx.defs.get_schema(op, opset, "").since_version
+    except Exception:
+        return None
+    try:
+        floor = onnx.defs.get_schema(op, MIN_OPSET, "").since_version
+    except Exception:
+        floor = 0  # the op is newer than MIN_OPSET: every version of it is in range
+    return int(since), int(floor)
+
+
+def _dequant_unhonoured(attrs: dict) -> str | None:
+    if int(attrs.get("block_size", 0) or 0) != 0:
+        return f"attribute block_size={attrs['block_size']} (blocked quantization)"
+    if int(attrs.get("output_dtype", 0) or 0) != 0:
+        return f"attribute output_dtype={attrs['output_dtype']}"
+    return None
+
+
+def _cast_unhonoured(attrs: dict) -> str | None:
+    rm = attrs.get("round_mode", "up")
+    if rm not in ("up", b"up"):
+        return f"attribute round_mode='{rm}'"
+    return None
+
+
+# Attributes of newer operator versions the reference executor does not implement: a node
+# that sets one to a non-default value is refused by name (never run with the attribute ignored).
+_UNHONOURED = {"DequantizeLinear": _dequant_unhonoured, "Cast": _cast_unhonoured,
+               "CastLike": _cast_unhonoured}
+
+
+def _check_version(where: str, op: str, domain: str, opset: int, attrs: dict) -> None:
+    """A default-domain op the reference executor runs must be at a version it implements."""
+    if domain not in _DEFAULT_DOMAINS or op not in OPS:
+        return  # foreign ops run in ONNX Runtime, which checks its own versions
+    v = _op_versions(op, opset)
+    if v is None:
+        return  # unknown op at this opset: the checker names it
+    since, floor = v
+    if since < floor:
+        raise ModelImportError(
+            f"{where}: {op} version {since} (in effect at opset {opset}) is older than "
+            f"tensorplan implements ({op} from version {floor}); re-export the model at opset "
+            f"{MIN_OPSET} or newer")
+    if since > _REVIEWED_OPSET:
+        raise ModelImportError(
+            f"{where}: {op} version {since} (opset {opset}) is newer than tensorplan implements "
+            f"(operator versions up to opset {_REVIEWED_OPSET}); re-export at opset {_REVIEWED_OPSET}")
+    check = _UNHONOURED.get(op)
+    what = check(attrs) if check else None
+    if what:
+        raise ModelImportError(
+            f"{where}: {op} version {since} {what} is not supported by tensorplan")
 
 
 def _add_nodes(st: _State, nodes, prefix: str = "") -> None:
@@ -211,10 +481,12 @@ def _add_nodes(st: _State, nodes, prefix: str = "") -> None:
         base = (prefix + p.name) if p.name else f"{prefix}{p.op_type or 'node'}_{len(st.nodes) + k}"
         name = unique_name(st.names, base)
         st.names.add(name)
+        st.proto_names.append(name)
         where = f"{st.label}: node '{name}' ({p.op_type})"
         attrs = {a.name: _attr_value(a, where) for a in p.attribute}
         if not p.op_type:
             raise ModelImportError(f"{where}: node has no op_type")
+        _check_version(where, p.op_type, p.domain, st.opset, attrs)
         if p.op_type == "Constant" and p.domain in _DEFAULT_DOMAINS:
             if len(p.output) != 1 or not p.output[0]:
                 raise ModelImportError(f"{where}: Constant must have exactly one output")
@@ -522,6 +794,11 @@ def _import(model, input_shapes, allow_unsupported, name) -> Graph:
     _check_domains(st, allow_unsupported)
     _resolve_inputs(st, proto, input_shapes)
     _toposort(st)
+    early = [(n.name, n.op) for n in st.nodes if not _runnable(st, n)]
+    if early and not allow_unsupported:
+        raise UnsupportedOperatorError(early, label)  # listed all at once, before the checker
+    if not early:  # (`inspect` keeps unknown ops, which the checker would refuse)
+        _validate(proto, label, input_shapes, st.proto_names)
 
     strict_err = None
     for _ in range(12):
@@ -546,6 +823,9 @@ def _import(model, input_shapes, allow_unsupported, name) -> Graph:
         raise UnsupportedOperatorError(unsupported, label)
 
     _fill_missing_shapes(st, strict_err, unsupported)
+    _check_semantics(st)
+    if not unsupported:
+        _check_foreign(st)
     return _build_graph(st, proto, name)
 
 
@@ -585,6 +865,174 @@ def _fill_missing_shapes(st: _State, strict_err: str | None, unsupported: list) 
                 f"({a.shape} vs {b.shape} for different input values); tensorplan needs static "
                 "shapes — make the shape-controlling inputs constants")
         st.shapes[o] = (a.dtype.name, tuple(a.shape))
+
+
+# ------------------------------------------------------------------ checks shape inference skips
+def _unidirectional(small: tuple, big: tuple) -> bool:
+    """`small` broadcasts to `big` (ONNX unidirectional broadcasting)."""
+    if len(small) > len(big):
+        return False
+    return all(a in (1, b) for a, b in zip(reversed(small), reversed(big)))
+
+
+def _node_semantic_error(n: Node, shp) -> str | None:
+    """Why ONNX Runtime would refuse this node once shapes are static (checks onnx's shape
+    inference does not make), or None."""
+    ins = n.inputs + [""] * 3
+    if n.op in ("Conv", "ConvTranspose") and ins[0] and ins[1]:
+        x, w = shp(ins[0]), shp(ins[1])
+        if x is None or w is None:
+            return None
+        if len(x) != len(w) or len(x) < 3:
+            return (f"input '{ins[0]}' has rank {len(x)} but weight '{ins[1]}' has rank {len(w)}; "
+                    "both must be N+2-dimensional for N spatial axes")
+        group = int(n.attrs.get("group", 1))
+        if group < 1:
+            return f"group={group} must be positive"
+        if n.op == "Conv":
+            if x[1] != w[1] * group:
+                return (f"weight '{ins[1]}' {tuple(w)} expects {w[1] * group} input channels "
+                        f"({w[1]} per group x group {group}) but input '{ins[0]}' {tuple(x)} has {x[1]}")
+            if w[0] % group:
+                return f"weight '{ins[1]}' has {w[0]} output channels, not divisible by group {group}"
+            m = w[0]
+        else:
+            if x[1] != w[0]:
+                return (f"weight '{ins[1]}' {tuple(w)} expects {w[0]} input channels but input "
+                        f"'{ins[0]}' {tuple(x)} has {x[1]}")
+            if w[0] % group:
+                return f"weight '{ins[1]}' has {w[0]} input channels, not divisible by group {group}"
+            m = w[1] * group
+        if ins[2]:
+            b = shp(ins[2])
+            if b is not None and tuple(b) != (m,):
+                return f"bias '{ins[2]}' has shape {tuple(b)}, expected ({m},) (one per output channel)"
+    elif n.op == "Reshape" and ins[0] and n.outputs and n.outputs[0]:
+        x, y = shp(ins[0]), shp(n.outputs[0])
+        if x is not None and y is not None and int(np.prod(x)) != int(np.prod(y)):
+            return (f"reshapes input '{ins[0]}' {tuple(x)} ({int(np.prod(x))} elements) to "
+                    f"{tuple(y)} ({int(np.prod(y))} elements)")
+    elif n.op == "InstanceNormalization" and ins[0]:
+        x = shp(ins[0])
+        for k, what in ((1, "scale"), (2, "bias")):
+            v = shp(ins[k]) if ins[k] else None
+            if x is not None and len(x) >= 2 and v is not None and tuple(v) != (x[1],):
+                return (f"{what} '{ins[k]}' has shape {tuple(v)}, expected ({x[1]},) "
+                        f"(one per channel of input '{ins[0]}' {tuple(x)})")
+    elif n.op == "LayerNormalization" and ins[0]:
+        x = shp(ins[0])
+        if x is not None:
+            axis = int(n.attrs.get("axis", -1))
+            tail = tuple(x[axis % len(x):]) if x else ()
+            for k, what in ((1, "scale"), (2, "bias")):
+                v = shp(ins[k]) if ins[k] else None
+                if v is not None and not _unidirectional(tuple(v), tail):
+                    return (f"{what} '{ins[k]}' {tuple(v)} does not broadcast to the normalized "
+                            f"shape {tail} of input '{ins[0]}' (axis {axis})")
+    elif n.op == "PRelu" and ins[0] and ins[1]:
+        x, v = shp(ins[0]), shp(ins[1])
+        if x is not None and v is not None and not _unidirectional(tuple(v), tuple(x)):
+            return f"slope '{ins[1]}' {tuple(v)} does not broadcast to input '{ins[0]}' {tuple(x)}"
+    elif n.op in ("DequantizeLinear", "QuantizeLinear") and ins[0] and ins[1]:
+        x, v = shp(ins[0]), shp(ins[1])
+        if x is not None and v is not None and len(v) == 1 and v[0] != 1 and x:
+            axis = int(n.attrs.get("axis", 1)) % len(x)
+            if v[0] != x[axis]:
+                return (f"per-axis scale '{ins[1]}' has {v[0]} values but input '{ins[0]}' "
+                        f"{tuple(x)} has {x[axis]} along axis {axis}")
+    return None
+
+
+def _gather_error(n: Node, st: _State, shp) -> str | None:
+    """Constant Gather indices outside the data's axis (ONNX Runtime fails when it runs)."""
+    if n.op != "Gather" or len(n.inputs) < 2 or n.inputs[1] not in st.consts:
+        return None
+    x = shp(n.inputs[0])
+    idx = st.consts[n.inputs[1]]
+    if x is None or not len(x) or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
+        return None
+    axis = int(n.attrs.get("axis", 0)) % len(x)
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < -x[axis] or hi >= x[axis]:
+        bad = hi if hi >= x[axis] else lo
+        return (f"index {bad} in '{n.inputs[1]}' is out of range for axis {axis} of "
+                f"'{n.inputs[0]}' {tuple(x)} (valid: {-x[axis]}..{x[axis] - 1})")
+    return None
+
+
+_FOREIGN_LOADS: dict[str, str | None] = {}  # node signature -> ONNX Runtime's refusal, or None
+
+
+def _check_foreign(st: _State) -> None:
+    """A node tensorplan leaves to ONNX Runtime must load there as it stands (attributes, input
+    types): its kernel registry alone says nothing about an unknown attribute or a type it lacks."""
+    from tensorplan.ir.ort_node import _signature
+    for n in st.nodes:
+        if not is_foreign(n) or any(isinstance(v, onnx.GraphProto) for v in n.attrs.values()):
+            continue
+        ins = []
+        for i in n.inputs:
+            if not i:
+                ins.append(None)
+                continue
+            c = st.consts.get(i)
+            if c is not None:
+                ins.append(np.broadcast_to(np.zeros((), c.dtype), c.shape))
+                continue
+            dt, shape = st.shapes.get(i, (None, None))
+            if dt is None or shape is None:
+                break
+            ins.append(np.broadcast_to(np.zeros((), dt), tuple(shape)))
+        else:
+            key = _signature(n, ins, st.opset, st.domain_opsets)
+            if key not in _FOREIGN_LOADS:
+                _FOREIGN_LOADS[key] = _ort_refusal(n, ins, st)
+            why = _FOREIGN_LOADS[key]
+            if why:
+                op = f"{n.domain}::{n.op}" if n.domain else n.op
+                raise ModelImportError(
+                    f"{st.label}: node '{n.name}' ({op}): invalid model: ONNX Runtime, which runs "
+                    f"this operator for tensorplan, refuses it: {why}")
+
+
+def _ort_refusal(n: Node, ins: list, st: _State) -> str | None:
+    import onnxruntime as ort
+    from tensorplan.ir.ort_node import _one_node_model
+    try:
+        model, _, _ = _one_node_model(n, ins, st.opset, st.domain_opsets)
+    except TensorplanError as e:
+        return str(e)
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        text = " ".join(str(e).split())
+        text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+        text = re.sub(r"/onnxruntime_src/\S+ ", "", text)
+        if "In Node, (" in text and ", Error " in text:
+            text = text.split(", Error ", 1)[1]
+        return text[:300]
+    return None
+
+
+def _check_semantics(st: _State) -> None:
+    """Shape rules onnx's shape inference does not check but ONNX Runtime enforces when it runs
+    (convolution channels and groups, bias and normalization sizes, Reshape element counts,
+    broadcastable slopes and scales, constant Gather indices): one error naming the node."""
+    def shp(name: str):
+        c = st.consts.get(name)
+        if c is not None:
+            return tuple(c.shape)
+        got = st.shapes.get(name)
+        return None if got is None or got[1] is None else tuple(got[1])
+    for n in st.nodes:
+        if n.domain:
+            continue
+        why = _node_semantic_error(n, shp) or _gather_error(n, st, shp)
+        if why:
+            raise ModelImportError(f"{st.label}: node '{n.name}' ({n.op}): invalid model: {why}")
 
 
 def _graph_from_state(st: _State, with_shapes: bool = True, name: str = "graph") -> Graph:

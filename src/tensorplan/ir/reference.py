@@ -36,6 +36,16 @@ ONNX_TO_NP = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16,
               13: np.uint64}
 
 
+class ShapeValueError(TensorplanError):
+    """A shape-controlling input value (a shape, step, size, scale, k, repeat count) that the op
+    cannot use. The message names the node, op, input and value, and nothing else: the value may be
+    one tensorplan's import probe chose for a runtime input, so it never says the model is wrong."""
+
+
+def _bad_value(node: Node, what: str) -> ShapeValueError:
+    return ShapeValueError(f"node '{node.name}' ({node.op}): {what}")
+
+
 def current_opset() -> int:
     """The opset whose semantics ops follow (set by `run_reference`, default 17)."""
     return _OPSET.get()
@@ -342,6 +352,14 @@ def _castlike(node, x):
 
 @register("Dropout")
 def _dropout(node, x):
+    ratio = _opt(x, 1)
+    ratio = float(np.asarray(ratio).reshape(-1)[0]) if ratio is not None else float(_a(node, "ratio", 0.5))
+    training = _opt(x, 2)
+    training = bool(np.asarray(training).reshape(-1)[0]) if training is not None else False
+    if training and ratio != 0.0:
+        raise TensorplanError(
+            f"node '{node.name}' (Dropout): training_mode=true with ratio {ratio:g} draws a random mask; "
+            "tensorplan runs inference only (set training_mode to false or remove the Dropout)")
     return [x[0].copy(), np.ones(x[0].shape, dtype=bool)]
 
 
@@ -381,8 +399,25 @@ def _acc(v: np.ndarray) -> np.ndarray:
 
 OPS["ReduceSum"] = _reduce(lambda v, a, k: np.sum(_acc(v), axis=a, keepdims=k))
 OPS["ReduceMean"] = _reduce(lambda v, a, k: np.mean(_acc(v), axis=a, keepdims=k))
-OPS["ReduceMax"] = _reduce(lambda v, a, k: np.max(v, axis=a, keepdims=k))
-OPS["ReduceMin"] = _reduce(lambda v, a, k: np.min(v, axis=a, keepdims=k))
+def _extreme(v: np.ndarray, axes: tuple[int, ...], keep: bool, largest: bool) -> np.ndarray:
+    """ReduceMax / ReduceMin; over an empty set the identity (-inf / +inf, or the integer limits)."""
+    fn = np.max if largest else np.min
+    if v.size and all(v.shape[a] for a in axes):
+        return fn(v, axis=axes, keepdims=keep)
+    if v.dtype.kind == "f":
+        ident = -np.inf if largest else np.inf
+    elif v.dtype == np.bool_:
+        ident = not largest
+    else:
+        info = np.iinfo(v.dtype)
+        ident = info.min if largest else info.max
+    shape = tuple((1 if i in axes else d) for i, d in enumerate(v.shape)) if keep else \
+        tuple(d for i, d in enumerate(v.shape) if i not in axes)
+    return np.full(shape, ident, dtype=v.dtype)
+
+
+OPS["ReduceMax"] = _reduce(lambda v, a, k: _extreme(v, a, k, True))
+OPS["ReduceMin"] = _reduce(lambda v, a, k: _extreme(v, a, k, False))
 OPS["ReduceProd"] = _reduce(lambda v, a, k: np.prod(_acc(v), axis=a, keepdims=k))
 OPS["ReduceL2"] = _reduce(lambda v, a, k: np.sqrt(np.sum(_acc(v) ** 2, axis=a, keepdims=k)))
 OPS["ReduceL1"] = _reduce(lambda v, a, k: np.sum(np.abs(_acc(v)), axis=a, keepdims=k))
@@ -498,9 +533,19 @@ def _batchnorm(node, x):
     v, scale, bias, mean, var = x[:5]
     eps = float(_a(node, "epsilon", 1e-5))
     shape = (1, -1) + (1,) * (v.ndim - 2)
+    outs: list = []
+    if _a(node, "training_mode", 0):
+        # batch statistics normalise; running statistics move by `momentum` (opset 14+)
+        mom = float(_a(node, "momentum", 0.9))
+        axes = (0,) + tuple(range(2, v.ndim))
+        w = v.astype(np.float64)
+        bmean, bvar = w.mean(axis=axes), w.var(axis=axes)
+        outs = [(mean * mom + bmean * (1 - mom)).astype(mean.dtype),
+                (var * mom + bvar * (1 - mom)).astype(var.dtype)]
+        mean, var = bmean, bvar
     inv = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
     y = (v - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape)
-    return [y.astype(v.dtype)]
+    return [y.astype(v.dtype)] + outs
 
 
 @register("LRN")
@@ -537,8 +582,13 @@ def _topk(node, x):
     v = x[0]
     k = int(np.asarray(x[1]).reshape(-1)[0])
     axis = int(_a(node, "axis", -1)) % v.ndim
+    if not 0 <= k <= v.shape[axis]:
+        raise _bad_value(node, f"K = {k} is outside 0..{v.shape[axis]} (the size of axis {axis})")
     largest = _a(node, "largest", 1)
-    key = -v if largest else v
+    if largest:  # a decreasing key without overflow: ~v for integers (unsigned too), -v for floats
+        key = np.logical_not(v) if v.dtype == np.bool_ else (~v if v.dtype.kind in "iu" else -v)
+    else:
+        key = v
     idx = np.argsort(key, axis=axis, kind="stable")
     idx = np.take(idx, np.arange(k), axis=axis)
     return [np.take_along_axis(v, idx, axis=axis), idx.astype(np.int64)]
@@ -558,7 +608,16 @@ def _reshape(node, x):
     allowzero = _a(node, "allowzero", 0)
     out = []
     for i, d in enumerate(shape):
-        out.append(v.shape[i] if d == 0 and not allowzero else d)
+        if d == 0 and not allowzero:
+            if i >= v.ndim:
+                raise _bad_value(node, f"target shape {shape} copies dimension {i} (a 0), but the "
+                                       f"input has rank {v.ndim}")
+            d = v.shape[i]
+        out.append(d)
+    known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+    if out.count(-1) > 1 or any(d < -1 for d in out) or (
+            -1 not in out and known != v.size) or (-1 in out and (known == 0 or v.size % known)):
+        raise _bad_value(node, f"cannot reshape {v.shape} ({v.size} elements) to target shape {shape}")
     return [v.reshape(out).copy()]
 
 
@@ -627,6 +686,8 @@ def _slice(node, x):
         axes = _ints(_a(node, "axes", list(range(len(starts)))))
         steps = [1] * len(starts)
     sl = [slice(None)] * v.ndim
+    if any(st == 0 for st in steps):
+        raise _bad_value(node, f"steps {steps} contain a 0; every step must be non-zero")
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = a % v.ndim
         d = v.shape[a]
@@ -680,6 +741,12 @@ def _scatter_nd(node, x):
             out[t] += u[i]
         elif red == "mul":
             out[t] *= u[i]
+        elif red == "max":
+            out[t] = np.maximum(out[t], u[i])
+        elif red == "min":
+            out[t] = np.minimum(out[t], u[i])
+        elif red != "none":
+            raise TensorplanError(f"node '{node.name}' (ScatterND): reduction '{red}' is not supported")
         else:
             out[t] = u[i]
     return [out]
@@ -701,13 +768,19 @@ def _scatter_el(node, x):
 def _expand(node, x):
     v = x[0]
     shape = _ints(x[1])
-    out_shape = np.broadcast_shapes(v.shape, tuple(shape))
+    try:
+        out_shape = np.broadcast_shapes(v.shape, tuple(shape))
+    except ValueError:
+        raise _bad_value(node, f"input shape {v.shape} does not broadcast to shape {shape}") from None
     return [np.broadcast_to(v, out_shape).copy()]
 
 
 @register("Tile")
 def _tile(node, x):
-    return [np.tile(x[0], _ints(x[1]))]
+    reps = _ints(x[1])
+    if len(reps) != x[0].ndim or any(r < 0 for r in reps):
+        raise _bad_value(node, f"repeats {reps} must be {x[0].ndim} non-negative counts")
+    return [np.tile(x[0], reps)]
 
 
 @register("Shape")
@@ -729,13 +802,20 @@ def _const_of_shape(node, x):
     if val is None:
         val = np.zeros(1, dtype=np.float32)
     val = np.asarray(val)
-    return [np.full(_ints(x[0]), val.reshape(-1)[0], dtype=val.dtype)]
+    shape = _ints(x[0])
+    if any(d < 0 for d in shape):
+        raise _bad_value(node, f"shape {shape} has a negative dimension")
+    return [np.full(shape, val.reshape(-1)[0], dtype=val.dtype)]
 
 
 @register("Range")
 def _range(node, x):
     s, l, d = (np.asarray(v).reshape(()) for v in x[:3])
-    return [np.arange(s, l, d).astype(s.dtype)]
+    if d == 0:
+        raise _bad_value(node, "delta is 0; a Range needs a non-zero step")
+    # ONNX: max(ceil((limit - start) / delta), 0) elements, start + i * delta
+    n = max(int(math.ceil((float(l) - float(s)) / float(d))), 0)
+    return [(s + np.arange(n, dtype=np.result_type(s, d)) * d).astype(s.dtype)]
 
 
 @register("Constant")
@@ -962,9 +1042,14 @@ def _convtranspose(node, x):
                  stride=strides, dilation=dil, groups=group, output_padding=out_pad)
     res = out.numpy()
     sl = [slice(None), slice(None)]
-    for i in range(nd):
-        sl.append(slice(pads[i], res.shape[2 + i] - pads[i + nd]))
-    return [np.ascontiguousarray(res[tuple(sl)])]
+    grow = [(0, 0), (0, 0)]
+    for i in range(nd):  # a negative pad (output_shape larger than the full result) adds zeros
+        sl.append(slice(max(pads[i], 0), res.shape[2 + i] - max(pads[i + nd], 0)))
+        grow.append((max(-pads[i], 0), max(-pads[i + nd], 0)))
+    res = res[tuple(sl)]
+    if any(g != (0, 0) for g in grow):
+        res = np.pad(res, grow)
+    return [np.ascontiguousarray(res)]
 
 
 # ---------------------------------------------------------------- pooling
@@ -1046,6 +1131,34 @@ def _gmp(node, x):
     return [v.max(axis=tuple(range(2, v.ndim)), keepdims=True)]
 
 
+@register("MaxUnpool")
+def _maxunpool(node, x):
+    """Scatter X into zeros at MaxPool's flat indices I (which address the unpooled shape); a larger
+    `output_shape` pads that result at the end of each spatial axis, as the ONNX reference does."""
+    v, idx = x[0], x[1]
+    nd = v.ndim - 2
+    kernel = _ints(_a(node, "kernel_shape"))
+    strides = _ints(_a(node, "strides", [1] * nd))
+    pads = _ints(_a(node, "pads", [0] * (2 * nd)))
+    shape = list(v.shape[:2]) + [(v.shape[2 + i] - 1) * strides[i] - pads[i] - pads[i + nd] + kernel[i]
+                                 for i in range(nd)]
+    total = int(np.prod(shape, dtype=np.int64))
+    flat = idx.reshape(-1).astype(np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= total):
+        raise TensorplanError(f"node '{node.name}' (MaxUnpool): an index is outside the unpooled "
+                              f"shape {tuple(shape)}")
+    y = np.zeros(total, dtype=v.dtype)
+    y[flat] = v.reshape(-1)
+    y = y.reshape(shape)
+    if _opt(x, 2) is not None:
+        want = _ints(x[2])
+        if len(want) != len(shape) or any(w < s for w, s in zip(want, shape)):
+            raise TensorplanError(f"node '{node.name}' (MaxUnpool): output_shape {tuple(want)} is "
+                                  f"smaller than the unpooled shape {tuple(shape)}")
+        y = np.pad(y, [(0, w - s) for w, s in zip(want, shape)])
+    return [y]
+
+
 # ---------------------------------------------------------------- resize
 def _resize_taps(mode: str, coord_mode: str, nearest_mode: str, in_size: int, out_size: int,
                  scale: float, cubic_a: float, exclude_outside: bool,
@@ -1125,6 +1238,8 @@ def resize_geometry(node: Node, in_shape: tuple[int, ...], scales, sizes, axes=N
     out_shape = list(in_shape)
     if sizes is not None:
         sz = _ints(sizes)
+        if len(sz) != len(axes) or any(d <= 0 for d in sz):
+            raise _bad_value(node, f"sizes {sz} must be {len(axes)} positive sizes")
         if policy != "stretch":
             ratios = [sz[i] / in_shape[a] for i, a in enumerate(axes)]
             ratio = min(ratios) if policy == "not_larger" else max(ratios)
@@ -1137,6 +1252,8 @@ def resize_geometry(node: Node, in_shape: tuple[int, ...], scales, sizes, axes=N
                 full_scales[a] = sz[i] / in_shape[a]
     elif scales is not None:
         sc = [float(f) for f in np.asarray(scales, dtype=np.float32).reshape(-1)]
+        if len(sc) != len(axes) or any(not f > 0 for f in sc):
+            raise _bad_value(node, f"scales {sc} must be {len(axes)} positive numbers")
         for i, a in enumerate(axes):
             full_scales[a] = sc[i]
             out_shape[a] = int(math.floor(in_shape[a] * sc[i]))
@@ -1248,10 +1365,12 @@ def unsupported_nodes(graph: Graph) -> list[tuple[str, str]]:
 
 
 def run_reference(graph: Graph, feeds: dict[str, np.ndarray],
-                  keep_all: bool = False) -> dict[str, np.ndarray]:
+                  keep_all: bool = False, check_shapes: bool = False) -> dict[str, np.ndarray]:
     """Execute `graph` on `feeds`; returns the graph outputs (all tensors if `keep_all`).
 
-    Intermediate values are freed after their last use so big models fit in memory."""
+    Intermediate values are freed after their last use so big models fit in memory.
+    `check_shapes`: every node output must have the static shape the graph declares; one that does
+    not (its shape depended on an input's values after all) is a `ShapeValueError` naming it."""
     missing = [i for i in graph.inputs if i not in feeds]
     if missing:
         raise TensorplanError(f"run_reference: missing feeds for graph inputs {missing}")
@@ -1276,9 +1395,19 @@ def run_reference(graph: Graph, feeds: dict[str, np.ndarray],
         for k, n in enumerate(graph.nodes):
             ins = [env[i] if i else None for i in n.inputs]
             outs = run_node(n, ins)
+            if any(isinstance(v, (list, tuple)) for v in outs):
+                raise TensorplanError(
+                    f"node '{n.name}' ({n.op}) produces a sequence; tensorplan supports tensor values "
+                    "only (re-export without sequence operators)")
             for name, val in zip(n.outputs, outs):
                 if name:
                     env[name] = val
+                    t = graph.tensors.get(name) if check_shapes else None
+                    if t is not None and val is not None and tuple(np.shape(val)) != tuple(t.shape):
+                        raise ShapeValueError(
+                            f"node '{n.name}' ({n.op}): output '{name}' has shape {tuple(np.shape(val))} "
+                            f"on these inputs but {tuple(t.shape)} in the imported graph; its shape "
+                            "depends on input values — make the shape-controlling inputs constants")
             if not keep_all:
                 for i in n.inputs:
                     if i and last_use.get(i) == k and i not in keep and \

@@ -526,7 +526,10 @@ def rule_resize(e: _Emitter, n: Node):
     if n.op == "Upsample" or e.opset < 11:
         ok = True  # Upsample / Resize-10 nearest is floor(o / scale)
     else:
-        ok = ctm == "asymmetric" and (nm == "floor" or all(s in (1, 2) for s in scales))
+        # asymmetric: x = o / s; floor(x) = o // s always; round_prefer_floor agrees for s <= 2
+        # (ties at .5 go down), round_prefer_ceil / ceil do not (they round .5 up)
+        ok = ctm == "asymmetric" and (nm == "floor" or (nm == "round_prefer_floor"
+                                                         and all(s in (1, 2) for s in scales)))
     if not ok:
         return False
     x = n.inputs[0]

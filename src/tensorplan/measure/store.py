@@ -11,6 +11,7 @@ the item in flight and a rerun skips everything already done.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -24,7 +25,8 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from tensorplan.devices.spec import DeviceSpec
-from tensorplan.errors import StoreError, TensorplanError
+from tensorplan.errors import (StoreCorruptError, StoreError, StoreFullError, StoreLockedError,
+                               StoreReadOnlyError, TensorplanError)
 from tensorplan.paths import default_store_path
 from tensorplan.measure.timer import Timing
 
@@ -118,6 +120,72 @@ def decode_repeats(blob: bytes | None) -> list[float]:
 
 
 # -------------------------------------------------------------------------------------------------
+# faults: each SQLite / OS failure becomes one StoreError subclass naming the file and what to do
+# -------------------------------------------------------------------------------------------------
+_CORRUPT_CODES = {"SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_CORRUPT_INDEX", "SQLITE_CORRUPT_SEQUENCE",
+                  "SQLITE_CORRUPT_VTAB", "SQLITE_IOERR_SHORT_READ"}
+_CORRUPT_TEXT = ("malformed", "not a database", "file is encrypted", "could not decode", "corrupt")
+_FULL_TEXT = ("disk is full", "database or disk is full", "no space left")
+_READONLY_TEXT = ("readonly database", "read-only", "unable to open database file", "permission denied",
+                  "access permission denied", "attempt to write a readonly")
+_LOCKED_TEXT = ("database is locked", "database table is locked", "locked")
+
+
+def store_fault(path: Path, e: BaseException, doing: str = "") -> StoreError:
+    """The StoreError subclass (corrupt, read-only, full, locked, or plain) for an sqlite3/OS error
+    `e` on the store at `path`; the advice never destroys data a fault left intact."""
+    name = str(getattr(e, "sqlite_errorname", "") or "")
+    text = str(e).lower()
+    errno_ = getattr(e, "errno", None)
+    where = f" while {doing}" if doing else ""
+    folder = path.parent
+    side = f"(SQLite also writes '{path.name}-wal' and '{path.name}-shm' next to it)"
+    if (name in _CORRUPT_CODES or name.startswith("SQLITE_CORRUPT")
+            or any(t in text for t in _CORRUPT_TEXT)
+            or isinstance(e, (UnicodeDecodeError, json.JSONDecodeError))):
+        what = ("is not an SQLite database, or its header is damaged"
+                if name == "SQLITE_NOTADB" or "not a database" in text else "is damaged")
+        return StoreCorruptError(
+            f"store '{path}' {what}{where} ({e}); nothing more was written to it. "
+            f"To keep what is readable: `sqlite3 '{path}' .recover | sqlite3 '{path}.recovered'` and use "
+            f"--store '{path}.recovered' (or set $TENSORPLAN_STORE to it); or move the file aside "
+            f"(`mv '{path}' '{path}.damaged'`) and tensorplan starts a new, empty store at that path.")
+    if (name.startswith("SQLITE_FULL") or errno_ == errno.ENOSPC or errno_ == errno.EDQUOT
+            or any(t in text for t in _FULL_TEXT)):
+        return StoreFullError(
+            f"store '{path}': the disk is full{where} ({e}); the unfinished write was rolled back and the "
+            f"data already in the store is intact. Free space on the file system holding '{folder}', or point "
+            f"$TENSORPLAN_STORE (or --store) at a file on another disk; rerun and finished work is kept.")
+    if (name.startswith("SQLITE_READONLY") or name.startswith("SQLITE_CANTOPEN") or name.startswith("SQLITE_PERM")
+            or name.startswith("SQLITE_AUTH") or errno_ in (errno.EACCES, errno.EPERM, errno.EROFS)
+            or isinstance(e, PermissionError) or any(t in text for t in _READONLY_TEXT)):
+        return StoreReadOnlyError(
+            f"store '{path}' cannot be written{where} ({e}): the file or its directory '{folder}' "
+            f"is read-only or not yours {side}. The data in it is intact. Make both writable "
+            f"(chmod/chown, or remount read-write), or point $TENSORPLAN_STORE (or --store) at a writable path.")
+    if name.startswith("SQLITE_BUSY") or name.startswith("SQLITE_LOCKED") or any(t in text for t in _LOCKED_TEXT):
+        return StoreLockedError(
+            f"store '{path}' is locked{where} ({e}): another process held its write lock for more than "
+            f"{BUSY_TIMEOUT_MS / 1000:g} s; nothing was written. Wait for the other tensorplan job to finish "
+            f"(`fuser '{path}'` names it), or give this run its own store with --store or $TENSORPLAN_STORE.")
+    if name.startswith("SQLITE_IOERR") or "disk i/o error" in text or isinstance(e, OSError):
+        return StoreFullError(
+            f"store '{path}': input/output error{where} ({e}); the unfinished write was rolled back. "
+            f"The disk holding '{folder}' may be full, failing or unmounted: free space or check it, or point "
+            f"$TENSORPLAN_STORE (or --store) at a file on another disk.")
+    return StoreError(f"store '{path}': SQLite failed{where} ({type(e).__name__}: {e}); "
+                      f"nothing was written by the failed step. Pass another --store path to work around it.")
+
+
+def _loads(path: Path, text: str) -> Any:
+    """A stored JSON value; a damaged one is a corrupt store, not a traceback."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise store_fault(path, json.JSONDecodeError(f"stored JSON is damaged: {e}", str(text)[:40], 0)) from None
+
+
+# -------------------------------------------------------------------------------------------------
 # the store
 # -------------------------------------------------------------------------------------------------
 class Store:
@@ -128,7 +196,10 @@ class Store:
         self._local = threading.local()
         if self.path.exists() and self.path.is_dir():
             raise StoreError(f"store '{self.path}' is a directory; pass a file path such as {self.path / 'store.sqlite'}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise store_fault(self.path, e, f"creating its directory '{self.path.parent}'") from None
         self._init_schema()
 
     # ---- connection ---------------------------------------------------------------------------
@@ -144,6 +215,9 @@ class Store:
     def _connect(self) -> sqlite3.Connection:
         try:
             c = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        except (sqlite3.Error, OSError) as e:
+            raise store_fault(self.path, e, "opening it") from None
+        try:
             c.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             mode = c.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":  # pragma: no cover - e.g. a network file system
@@ -151,13 +225,17 @@ class Store:
             c.execute("PRAGMA synchronous=NORMAL")
             c.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache: batched inserts touch many index pages
             c.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.DatabaseError as e:
-            raise self._corrupt(e) from None
+        except (sqlite3.Error, OSError) as e:
+            c.close()
+            raise store_fault(self.path, e, "opening it") from None
+        except BaseException:
+            c.close()
+            raise
         return c
 
-    def _corrupt(self, e: Exception) -> StoreError:
-        return StoreError(f"store '{self.path}' cannot be read as a tensorplan store ({e}). "
-                          f"Move or delete that file (tensorplan creates a new one), or pass another --store path.")
+    def _corrupt(self, e: BaseException, doing: str = "") -> StoreError:
+        """The StoreError for `e` (named for history: it classifies every fault, not only corruption)."""
+        return store_fault(self.path, e, doing)
 
     def close(self) -> None:
         c = getattr(self._local, "conn", None)
@@ -186,23 +264,42 @@ class Store:
             return
         try:
             c.execute("BEGIN IMMEDIATE")
-        except sqlite3.DatabaseError as e:
-            raise self._corrupt(e) from None
+        except (sqlite3.Error, OSError) as e:
+            raise self._corrupt(e, "starting a write") from None
         loc.depth = 1
         try:
             yield c
+        except sqlite3.Error as e:   # (an OSError from the caller's own work is the caller's to report)
+            loc.depth = 0
+            self._rollback(c)
+            if isinstance(e, sqlite3.IntegrityError):   # a caller's bad reference, not a store fault
+                raise
+            raise self._corrupt(e, "writing") from None
         except BaseException:
             loc.depth = 0
-            c.execute("ROLLBACK")
+            self._rollback(c)
             raise
         else:
             loc.depth = 0
-            c.execute("COMMIT")
+            try:
+                c.execute("COMMIT")
+            except (sqlite3.Error, OSError) as e:
+                self._rollback(c)   # e.g. a full disk at COMMIT: nothing of this transaction stays
+                raise self._corrupt(e, "committing a write") from None
+
+    @staticmethod
+    def _rollback(c: sqlite3.Connection) -> None:
+        """Roll back if a transaction is still open (SQLite may already have, e.g. after SQLITE_FULL)."""
+        try:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+        except sqlite3.Error:   # the connection is unusable; the file keeps its last committed state
+            pass
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         try:
             return self.conn.execute(sql, args).fetchall()
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.Error, OSError) as e:
             raise self._corrupt(e) from None
 
     # ---- schema ---------------------------------------------------------------------------------
@@ -212,13 +309,15 @@ class Store:
             try:
                 c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
                 row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            except sqlite3.DatabaseError as e:
+            except (sqlite3.Error, OSError) as e:
                 raise self._corrupt(e) from None
             try:
                 version = int(row[0]) if row else 0
             except ValueError:
-                raise StoreError(f"store '{self.path}': meta.schema_version is {row[0]!r}, not a number; "
-                                 "the file is damaged: move or delete it") from None
+                raise StoreCorruptError(f"store '{self.path}': meta.schema_version is {row[0]!r}, not a number; "
+                                        f"the file is damaged: move it aside (`mv '{self.path}' "
+                                        f"'{self.path}.damaged'`) and tensorplan starts a new store, or pass "
+                                        "another --store path") from None
             if version > SCHEMA_VERSION:
                 raise StoreError(f"store '{self.path}' has schema version {version}, newer than this tensorplan "
                                  f"understands ({SCHEMA_VERSION}); upgrade tensorplan or pass another --store path")
@@ -245,7 +344,7 @@ class Store:
     def get_device(self, dev_key_or_name: str) -> DeviceSpec | None:
         rows = self._read("SELECT spec FROM devices WHERE dev_key=? OR name=? ORDER BY created DESC LIMIT 1",
                           (dev_key_or_name, dev_key_or_name))
-        return DeviceSpec.from_dict(json.loads(rows[0][0])) if rows else None
+        return DeviceSpec.from_dict(_loads(self.path, rows[0][0])) if rows else None
 
     def put_program(self, kind: str, payload: dict) -> str:
         """Store a program (idempotent: same kind+payload -> same key, one row); returns its key."""
@@ -275,7 +374,7 @@ class Store:
         rows = self._read("SELECT kind, payload FROM programs WHERE prog_key=?", (prog_key,))
         if not rows:
             raise StoreError(f"store '{self.path}': no program with key {prog_key}")
-        return rows[0][0], json.loads(rows[0][1])
+        return rows[0][0], _loads(self.path, rows[0][1])
 
     def has_program(self, prog_key: str) -> bool:
         return bool(self._read("SELECT 1 FROM programs WHERE prog_key=?", (prog_key,)))
@@ -350,20 +449,20 @@ class Store:
                f"LEFT JOIN devices d ON d.dev_key=m.dev_key WHERE {where} ORDER BY m.rowid")
         try:
             cur = self.conn.execute(sql, args)
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.Error, OSError) as e:
             raise self._corrupt(e) from None
         while True:
             try:
                 chunk = cur.fetchmany(512)
-            except sqlite3.DatabaseError as e:
+            except (sqlite3.Error, OSError) as e:
                 raise self._corrupt(e) from None
             if not chunk:
                 return
             for row in chunk:
                 d = dict(zip(_MEAS_COLS, row[:len(_MEAS_COLS)]))
                 d["repeats"] = decode_repeats(d["repeats"])
-                d["extra"] = json.loads(d["extra"]) if d["extra"] else {}
-                d["kind"], d["payload"], d["device"] = row[-3], json.loads(row[-2]), row[-1]
+                d["extra"] = _loads(self.path, d["extra"]) if d["extra"] else {}
+                d["kind"], d["payload"], d["device"] = row[-3], _loads(self.path, row[-2]), row[-1]
                 yield d
 
     def count(self, table: str = "measurements") -> int:
@@ -400,14 +499,21 @@ class Store:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from tensorplan.errors import OutputPathError
+
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_dir():
+            raise OutputPathError(f"--parquet '{out}' is a file; pass a directory for the parquet files")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputPathError(f"cannot create the output directory '{out}' ({e.strerror or e})") from None
         files: dict[str, Path] = {}
         # read everything in one snapshot so the files agree with each other
         c = self.conn
         try:
             c.execute("BEGIN")
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.Error, OSError) as e:
             raise self._corrupt(e) from None
         try:
             for table in ("meta", "devices", "programs", "measurements", "jobs"):
@@ -428,11 +534,15 @@ class Store:
                         fields.append(pa.field(col, pa.string()))
                 tbl = pa.table(data, schema=pa.schema(fields))
                 files[table] = out / f"{table}.parquet"
-                pq.write_table(tbl, files[table])
-        except sqlite3.DatabaseError as e:
-            raise self._corrupt(e) from None
+                try:
+                    pq.write_table(tbl, files[table])
+                except OSError as e:
+                    raise OutputPathError(f"cannot write '{files[table]}' ({e.strerror or e}); the store is "
+                                          "unchanged: free space or pass another --parquet directory") from None
+        except (sqlite3.Error, OSError) as e:
+            raise self._corrupt(e, "reading it") from None
         finally:
-            c.execute("COMMIT")
+            self._rollback(c)   # a read-only snapshot: nothing to commit
         return files
 
 

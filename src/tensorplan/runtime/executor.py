@@ -256,6 +256,7 @@ class RunResult:
     kernel_sum_s: float | None = None
     errors: dict[str, float] = field(default_factory=dict)
     tol: float | None = None
+    reference: str | None = None     # the model ONNX Runtime ran as the reference: the file as given
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "outputs"}
@@ -263,9 +264,32 @@ class RunResult:
 
 
 def ort_reference(plan: "Plan", feeds: dict[str, np.ndarray], threads: int | None = None) -> dict[str, np.ndarray]:
-    """Outputs of ONNX Runtime on the plan's *original* model (not the primitive graph)."""
-    from tensorplan.ir.to_onnx import run_onnxruntime
-    return run_onnxruntime(plan.model_graph(), feeds, threads=int(threads or usable_cores()))
+    """Outputs of ONNX Runtime on the plan's *original* model file, as given (not tensorplan's import
+    of it, nor the primitive graph): an import error shows up as a disagreement. The file it ran is
+    `plan.reference_model()[1]`."""
+    return run_original(*plan.reference_model(), feeds, threads=threads)
+
+
+def run_original(data: bytes, where: str, feeds: dict[str, np.ndarray], threads: int | None = None
+                 ) -> dict[str, np.ndarray]:
+    """ONNX Runtime (CPU, all optimisations) on an ONNX model's bytes; TensorplanError naming `where`
+    when ONNX Runtime refuses or fails to run it."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(threads or usable_cores())
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+        raise TensorplanError(f"ONNX Runtime refused the reference model {where}: {str(e).strip()[:300]}") from None
+    names = [o.name for o in sess.get_outputs()]
+    ins = {i.name for i in sess.get_inputs()}
+    try:
+        return dict(zip(names, sess.run(names, {k: v for k, v in feeds.items() if k in ins})))
+    except Exception as e:  # noqa: BLE001
+        raise TensorplanError(f"ONNX Runtime failed running the reference model {where}: "
+                              f"{str(e).strip()[:300]}") from None
 
 
 def run_cpu_plan(plan: "Plan", prim: Graph, feeds: dict[str, np.ndarray], *, check: bool = True,
@@ -287,8 +311,10 @@ def run_cpu_plan(plan: "Plan", prim: Graph, feeds: dict[str, np.ndarray], *, che
     errors: dict[str, float] = {}
     max_err = None
     ok = None
+    reference = None
     if check:
-        ref = ort_reference(plan, feeds, threads=threads)
+        data, reference = plan.reference_model()
+        ref = run_original(data, reference, feeds, threads=threads)
         for o in prim.outputs:
             if o in ref:
                 errors[o] = float(rel_error(np.atleast_1d(outs[o]), np.atleast_1d(ref[o])))
@@ -298,7 +324,7 @@ def run_cpu_plan(plan: "Plan", prim: Graph, feeds: dict[str, np.ndarray], *, che
     return RunResult(model=str(plan.source.get("model")), kernels=len(ex.slots), median_s=tm.median_s,
                      timing=tm.to_dict(), predicted_s=plan.predicted_s, max_rel_err=max_err, ok=ok, tol=tol,
                      backends=ex.backend_counts(), compile_s=ex.compile_s, arena_bytes=ex.arena_bytes,
-                     fallbacks=fallbacks, outputs=outs, kernel_sum_s=ksum, errors=errors)
+                     fallbacks=fallbacks, outputs=outs, kernel_sum_s=ksum, errors=errors, reference=reference)
 
 
-__all__ = ["PlanExecutor", "RunResult", "build_kernel", "kernel_graph", "ort_reference", "run_cpu_plan"]
+__all__ = ["PlanExecutor", "RunResult", "build_kernel", "kernel_graph", "ort_reference", "run_cpu_plan", "run_original"]

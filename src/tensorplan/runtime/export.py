@@ -49,6 +49,7 @@ class ExportResult:
     tol: float = 1e-4
     timing: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    reference: str = ""              # the original ONNX Runtime ran: the model file as given
 
     @property
     def ok(self) -> bool:
@@ -91,8 +92,12 @@ def _plan_relation(plan: "Plan", source_nodes: set[str]) -> tuple[bool, str, dic
 def export_plan(plan: "Plan", out: str | Path, *, threads: int | None = None, check: bool = True,
                 tol: float | None = None, rounds: int = 15, spinning: bool | None = None,
                 log: Callable[[str], None] | None = None) -> ExportResult:
-    """`Plan.export`: the plan's rewritten model as one ONNX file, checked and timed (module docstring)."""
+    """`Plan.export`: the plan's rewritten model as one ONNX file, checked and timed (module docstring).
+    The plan is verified against its model first (`Plan.check`), and the check runs ONNX Runtime on
+    the model file as given."""
+    plan.check()
     original = plan.model_graph()
+    reference = plan.reference_model() if (check or rounds > 0) else None
     graph = plan.source_graph()
     rewrites: dict[str, int] = {}
     for rule, _ in plan.source.get("rewrites") or []:
@@ -102,7 +107,7 @@ def export_plan(plan: "Plan", out: str | Path, *, threads: int | None = None, ch
                   opset=int(plan.source.get("opset", 17)), exact=exact, relation=relation, outside=outside,
                   rewrites=rewrites, kernels=len(plan.kernels), spinning=sess_opts["spinning"] if spinning is None
                   else bool(spinning), fingerprint=str(plan.source.get("fingerprint", "")), threads=threads,
-                  check=check, tol=tol, rounds=rounds, log=log)
+                  check=check, tol=tol, rounds=rounds, log=log, reference=reference)
 
 
 def export_model(original: Graph, out: str | Path, *, threads: int | None = None, check: bool = True,
@@ -123,7 +128,7 @@ def export_model(original: Graph, out: str | Path, *, threads: int | None = None
 def _write(original: Graph, graph: Graph, out: str | Path, *, source: str, spec: str, opset: int, exact: bool,
            relation: str, outside: dict[str, int], rewrites: dict[str, int], kernels: int, spinning: bool,
            fingerprint: str | None, threads: int | None, check: bool, tol: float | None, rounds: int,
-           log: Callable[[str], None] | None) -> ExportResult:
+           log: Callable[[str], None] | None, reference: tuple[bytes, str] | None = None) -> ExportResult:
     """Write `graph` (the rewritten `original`) with its provenance in the metadata; check and time it."""
     from tensorplan import __version__
     from tensorplan.ir.analysis import graph_flops
@@ -153,6 +158,8 @@ def _write(original: Graph, graph: Graph, out: str | Path, *, source: str, spec:
         p.key, p.value = META_PREFIX + k, v
     data = model.SerializeToString()
     out = Path(out)
+    if out.is_dir():
+        raise TensorplanError(f"-o {out} is a directory; name the ONNX file to write, e.g. {out / 'model.onnx'}")
     atomic_write(out, data)
     say(f"wrote {out} ({len(data) / 2**20:.1f} MiB, {len(graph.nodes)} operators)")
 
@@ -161,14 +168,16 @@ def _write(original: Graph, graph: Graph, out: str | Path, *, source: str, spec:
                        gflop=(graph_flops(original) / 1e9, graph_flops(graph) / 1e9), bytes=len(data),
                        session=session, tol=default_tolerance(original) if tol is None else tol)
     if check or rounds > 0:
-        _check_and_time(res, original, opset, model, threads, spinning, check, rounds, say)
+        _check_and_time(res, original, opset, model, threads, spinning, check, rounds, say, reference)
     res.seconds = time.perf_counter() - t_all
     return res
 
 
 def _check_and_time(res: ExportResult, original: Graph, opset: int, exported, threads: int, spinning: bool,
-                    check: bool, rounds: int, say: Callable[[str], None]) -> None:
-    """Fill `res.max_rel_err` (exported vs original, both in ONNX Runtime) and `res.timing`."""
+                    check: bool, rounds: int, say: Callable[[str], None],
+                    reference: tuple[bytes, str] | None = None) -> None:
+    """Fill `res.max_rel_err` (exported vs original, both in ONNX Runtime) and `res.timing`. The
+    original is `reference` (ONNX bytes, where from): the model file as given."""
     import onnx
 
     from tensorplan.ir.reference import random_feeds, rel_error
@@ -177,7 +186,12 @@ def _check_and_time(res: ExportResult, original: Graph, opset: int, exported, th
     from tensorplan.zoo.specs import onnx_bytes
 
     feeds = random_feeds(original, seed=0)
-    orig_model = onnx.load_model_from_string(onnx_bytes(original, opset))
+    data, where = reference if reference is not None else (onnx_bytes(original, opset), original.source or "")
+    try:
+        orig_model = onnx.load_model_from_string(data)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise TensorplanError(f"the original model {where} does not parse as ONNX: {e}") from None
+    res.reference = where
     with pinned_threads(threads):
         s_orig = ort_session(orig_model, threads, spinning=spinning)
         s_new = ort_session(exported, threads, spinning=spinning)
@@ -185,13 +199,17 @@ def _check_and_time(res: ExportResult, original: Graph, opset: int, exported, th
         f_orig = {k: v for k, v in feeds.items() if k in orig_in}
         names = [o.name for o in s_orig.get_outputs()]
         if check:
-            want = dict(zip(names, s_orig.run(names, f_orig)))
-            got = dict(zip(names, s_new.run(names, feeds)))
+            want = dict(zip(names, _ort_run(s_orig, names, f_orig, f"the original model {where}")))
+            got = dict(zip(names, _ort_run(s_new, names, feeds, f"the exported file {res.path}")))
+            missing = [n for n in names if n not in got]
+            if missing:
+                raise TensorplanError(f"the exported file {res.path} lacks the original's output(s) {missing[:3]}")
             res.max_rel_err = max(rel_error(got[n], want[n]) for n in names)
             say(f"max relative error vs ONNX Runtime on the original: {res.max_rel_err:.2e}")
         if rounds > 0:
-            times = interleaved({"original": lambda: s_orig.run(names, f_orig),
-                                 "exported": lambda: s_new.run(names, feeds)}, rounds=rounds, burst_s=0.03)
+            times = interleaved({"original": lambda: _ort_run(s_orig, names, f_orig, f"the original model {where}"),
+                                 "exported": lambda: _ort_run(s_new, names, feeds, f"the exported file {res.path}")},
+                                rounds=rounds, burst_s=0.03)
             med = {k: float(np.median(v)) for k, v in times.items()}
             cov = {k: float(np.std(v) / np.mean(v)) for k, v in times.items()}
             res.timing = {"original_ms": med["original"] * 1e3, "exported_ms": med["exported"] * 1e3,
@@ -202,6 +220,14 @@ def _check_and_time(res: ExportResult, original: Graph, opset: int, exported, th
                                     "median over rounds"}
             say(f"ONNX Runtime: original {res.timing['original_ms']:.2f} ms, exported "
                 f"{res.timing['exported_ms']:.2f} ms ({res.timing['speedup']:.2f}x)")
+
+
+def _ort_run(sess, names: list[str], feeds: dict[str, np.ndarray], what: str) -> list:
+    """`sess.run`, with ONNX Runtime's run-time failures as one clear TensorplanError."""
+    try:
+        return sess.run(names, feeds)
+    except Exception as e:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+        raise TensorplanError(f"ONNX Runtime failed running {what}: {str(e).strip()[:300]}") from None
 
 
 __all__ = ["ExportResult", "META_PREFIX", "export_model", "export_plan"]

@@ -28,7 +28,11 @@ file for stock ONNX Runtime, `plan.save(path)` / `load_plan(path)` round-trip it
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -43,6 +47,14 @@ if TYPE_CHECKING:
     from tensorplan.runtime.export import ExportResult
 
 SCHEMA = "tensorplan.korch/1"
+KINDS = ("memory", "linear", "opaque", "region")
+BACKENDS = ("tvm", "ort", "openvino", "torch", "torch-inductor", "reference")   # runtime.executor.FALLBACKS
+_MAX_BYTES = 1 << 40          # no tensor or arena slot of a plan this tensorplan runs is a TiB
+_MAX_THREADS = 4096
+_MAX_DIM = 1 << 31
+_MAX_ELEMENTS = 1 << 34
+# a PyTorch factory (`pkg.mod:factory`, `file.py:factory`): code, which a plan never names
+_FACTORY = re.compile(r"^(?:[A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_]\w*$")
 
 
 @dataclass
@@ -67,15 +79,34 @@ class PlanKernel:
                 "predicted_s": float(self.predicted_s), "canonical_hash": self.canonical_hash}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PlanKernel":
-        try:
-            return cls(id=str(d["id"]), nodes=list(d["nodes"]), inputs=list(d["inputs"]),
-                       outputs=list(d["outputs"]), kind=str(d["kind"]),
-                       predicted_s=float(d.get("predicted_s", 0.0)), backend=str(d.get("backend", "")),
-                       schedule=dict(d.get("schedule") or {}), canonical_hash=str(d.get("canonical_hash", "")),
-                       candidate=int(d.get("candidate", -1)))
-        except KeyError as e:
-            raise PlanError(f"plan kernel {d.get('id', '?')} lacks field {e}") from None
+    def from_dict(cls, d: Any, index: int = 0) -> "PlanKernel":
+        """A kernel read from a plan file: every field checked for its type and range (PlanError
+        naming the field and the kernel, never a KeyError or a TypeError)."""
+        if not isinstance(d, dict):
+            raise PlanError(f"plan field kernels[{index}] must be an object, got {_tname(d)}")
+        kid = d.get("id")
+        where = f"kernels[{index}]" + (f" (kernel '{kid}')" if isinstance(kid, str) and kid else "")
+        f = _Fields(d, where)
+        kid = f.name("id")
+        nodes = f.names("nodes", nonempty=True)
+        if len(set(nodes)) != len(nodes):
+            dup = next(x for x in nodes if nodes.count(x) > 1)
+            raise PlanError(f"plan field {where}.nodes lists primitive '{dup}' twice")
+        inputs = f.names("inputs")
+        outputs = f.names("outputs", nonempty=True)
+        kind = f.str("kind")
+        if kind not in KINDS:
+            raise PlanError(f"plan field {where}.kind is {kind!r}; a kernel is one of {', '.join(KINDS)}")
+        backend = f.str("backend", default="")
+        if backend and backend not in BACKENDS:
+            raise PlanError(f"plan field {where}.backend is {backend!r}, which this tensorplan does not know "
+                            f"({', '.join(BACKENDS)})")
+        schedule = f.dict("schedule")
+        _check_schedule(schedule, f"{where}.schedule", kind)
+        return cls(id=kid, nodes=nodes, inputs=inputs, outputs=outputs, kind=kind,
+                   predicted_s=f.seconds("predicted_s"), backend=backend, schedule=schedule,
+                   canonical_hash=f.str("canonical_hash", default=""), candidate=f.int("candidate", default=-1,
+                                                                                      lo=-1))
 
 
 @dataclass
@@ -97,6 +128,7 @@ class Plan:
     _model: Graph | None = field(default=None, init=False, repr=False, compare=False)
     _graph: Graph | None = field(default=None, init=False, repr=False, compare=False)
     _prim: Graph | None = field(default=None, init=False, repr=False, compare=False)
+    _checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     # -- queries --------------------------------------------------------------------------
     @property
@@ -122,22 +154,72 @@ class Plan:
         self._prim = prim if prim is not None else self._prim
 
     def model_graph(self) -> Graph:
-        """The model as loaded (before rewrites): what ONNX Runtime runs as the reference."""
+        """The model as loaded (before rewrites): what the plan's graphs are derived from. A plan read
+        from a file loads it from data only: an ONNX file whose content hash the plan recorded, or a
+        bundled zoo model; never a PyTorch factory (code), see `check_source`."""
         if self._model is None:
             from tensorplan.zoo.specs import load
             src = self.source
-            if "model" not in src:
-                raise PlanError("plan has no source model to load")
+            check_source(src)
+            model = src["model"]
             shapes = {k: tuple(v) for k, v in (src.get("input_shapes") or {}).items()} or None
-            try:
-                self._model = load(src["model"], input_shapes=shapes, opset=int(src.get("opset", 17)))
-            except ModelImportError as e:
-                if not src.get("in_memory"):
-                    raise
-                raise PlanError(f"plan for '{src['model']}' was made from a graph built in memory, which this "
-                                f"process does not have ({e}); orchestrate a model file or spec to keep the plan "
-                                "runnable elsewhere") from None
+            opset = int(src.get("opset", 17))
+            if src.get("in_memory"):
+                raise PlanError(f"plan for '{model}' was made from a graph built in memory, which this process "
+                                "does not have; orchestrate a model file or spec to keep the plan runnable "
+                                "elsewhere")
+            if _is_file_source(src):
+                path = self.model_file()
+                try:
+                    g = load(str(path), input_shapes=shapes, opset=opset)
+                except ModelImportError as e:
+                    raise PlanError(f"plan's model file '{path}' no longer imports: {e}") from None
+                g.source = str(path)
+            else:
+                _zoo_file(model, opset)
+                try:
+                    g = load(model, input_shapes=shapes, opset=opset)
+                except ModelImportError as e:
+                    raise PlanError(f"plan's model '{model}' does not load: {e}") from None
+            self._model = g
         return self._model
+
+    def model_file(self) -> Path:
+        """The ONNX file a plan made from a file names, checked against the content hash it recorded
+        (PlanError when it is missing or changed)."""
+        src = self.source
+        check_source(src)
+        path = Path(str(src.get("onnx") or src["model"]))
+        if not path.is_file():
+            raise PlanError(f"plan's model file '{path}' does not exist (plan field source.onnx); pass the plan "
+                            "where its ONNX file is, or re-run `tensorplan orchestrate MODEL.onnx -o PLAN`")
+        want = src.get("onnx_sha256")
+        if not want:
+            raise PlanError(f"plan for '{src['model']}' does not record its ONNX file's content hash (plan field "
+                            "source.onnx_sha256); re-run `tensorplan orchestrate` with this version")
+        got = file_sha256(path)
+        if got != want:
+            raise PlanError(f"plan's model file '{path}' changed since the plan was made (sha256 {got[:16]}..., "
+                            f"the plan recorded {str(want)[:16]}...); re-run `tensorplan orchestrate` on it")
+        return path
+
+    def reference_model(self) -> tuple[bytes, str]:
+        """(ONNX bytes, where they come from) of the model as given: what ONNX Runtime runs as the
+        reference. The original file (its hash checked again) for a plan made from a file, the zoo's
+        export for a zoo model; a graph built in memory has no file and is exported."""
+        src = self.source
+        if src.get("in_memory"):
+            from tensorplan.ir.to_onnx import graph_to_onnx
+            return graph_to_onnx(self.model_graph()).SerializeToString(), "the in-memory graph, exported"
+        check_source(src)
+        if _is_file_source(src):
+            path = self.model_file()
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() != src["onnx_sha256"]:
+                raise PlanError(f"plan's model file '{path}' changed while it was read; run again")
+            return data, str(path)
+        path = _zoo_file(src["model"], int(src.get("opset", 17)))
+        return Path(path).read_bytes(), str(path)
 
     def source_graph(self) -> Graph:
         """The model with the plan's rewrites applied (region kernels run its operators); fails if
@@ -153,6 +235,11 @@ class Plan:
                     raise PlanError(f"plan for '{src['model']}' was made with rewrites {want}, but the model now "
                                     f"gives {[list(x) for x in rr.applied]}; re-run `tensorplan orchestrate`")
                 g = rr.graph
+            want_fp = src.get("fingerprint")
+            if want_fp and g.fingerprint() != want_fp:
+                raise PlanError(f"plan for '{src.get('model')}' was made for graph {want_fp} (plan field "
+                                f"source.fingerprint), but the model now gives {g.fingerprint()}; re-run "
+                                "`tensorplan orchestrate`")
             self._graph = g
         return self._graph
 
@@ -168,6 +255,17 @@ class Plan:
                                 f"now gives {prim.fingerprint()}; re-run `tensorplan orchestrate`")
             self._prim = prim
         return self._prim
+
+    def check(self) -> Graph:
+        """Verify the plan against its model before anything uses it (`verify`: node names, kernel
+        cover, no kernel twice, buffers) and return its primitive graph. Every command that reads a
+        plan calls this first; done once per plan object."""
+        prim = self.primitive_graph()
+        if not self._checked:
+            source = self.source_graph() if any(k.kind == "region" for k in self.kernels) else None
+            verify(self, prim, source=source)
+            self._checked = True
+        return prim
 
     def copy(self) -> "Plan":
         """An independent copy of the plan's data that shares its (read-only) graphs: a variant to edit."""
@@ -194,7 +292,7 @@ class Plan:
         Plans made for a GPU run as PyTorch kernels replayed as one CUDA graph."""
         from tensorplan.ir.reference import default_tolerance, random_feeds
         from tensorplan.runtime.torch_runner import is_torch_plan
-        prim = self.primitive_graph()
+        prim = self.check()
         feeds = feeds if feeds is not None else random_feeds(prim, seed=0)
         tol = default_tolerance(prim) if tol is None else tol
         n = self.run_threads(threads)
@@ -213,6 +311,7 @@ class Plan:
         says whether that is the plan itself), check it against ONNX Runtime on the original model and
         time both, interleaved, for `rounds` rounds (0: no timing)."""
         from tensorplan.runtime.export import export_plan
+        self.check()
         return export_plan(self, path, threads=self.run_threads(threads), check=check, tol=tol, rounds=rounds,
                            spinning=spinning, log=log)
 
@@ -224,19 +323,39 @@ class Plan:
                 "timing": self.timing, "stats": self.stats, "options": self.options}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+    def from_dict(cls, d: Any) -> "Plan":
+        """A plan read from JSON: the schema and every field's type and range checked (one PlanError
+        naming the field), the source checked to name data only (`check_source`). Checking it against
+        its model is `check()`, which every command that runs or exports a plan calls first."""
+        if not isinstance(d, dict):
+            raise PlanError(f"a plan is a JSON object, got {_tname(d)}")
         schema = d.get("schema")
         if schema != SCHEMA:
             raise PlanError(f"unsupported plan schema {schema!r} (this tensorplan reads {SCHEMA!r}); "
                             "re-create the plan with this version")
-        try:
-            return cls(source=dict(d["source"]), device=dict(d.get("device") or {}),
-                       kernels=[PlanKernel.from_dict(k) for k in d["kernels"]], order=list(d["order"]),
-                       buffers=list(d.get("buffers") or []), slots=list(d.get("slots") or []),
-                       solver=dict(d.get("solver") or {}), timing=dict(d.get("timing") or {}),
-                       stats=dict(d.get("stats") or {}), options=dict(d.get("options") or {}))
-        except KeyError as e:
-            raise PlanError(f"plan lacks field {e}") from None
+        f = _Fields(d, "")
+        source = f.dict("source", required=True)
+        check_source(source)
+        raw = f.list("kernels", required=True)
+        if not raw:
+            raise PlanError("plan field kernels is empty: a plan has at least one kernel")
+        kernels = [PlanKernel.from_dict(k, j) for j, k in enumerate(raw)]
+        order = f.names("order", nonempty=True)
+        buffers = f.list("buffers")
+        for j, b in enumerate(buffers):
+            _check_buffer(b, j)
+        slots = f.list("slots")
+        for j, v in enumerate(slots):
+            if not _is_int(v) or v < 0 or v > _MAX_BYTES:
+                raise PlanError(f"plan field slots[{j}] must be a byte count (0..{_MAX_BYTES}), got {v!r}")
+        options = f.dict("options")
+        if "threads" in options and options["threads"] is not None and (
+                not _is_int(options["threads"]) or not 0 <= options["threads"] <= _MAX_THREADS):
+            raise PlanError(f"plan field options.threads must be a thread count (0..{_MAX_THREADS}), got "
+                            f"{options['threads']!r}")
+        return cls(source=source, device=f.dict("device"), kernels=kernels, order=order, buffers=buffers,
+                   slots=slots, solver=f.dict("solver"), timing=f.dict("timing"), stats=f.dict("stats"),
+                   options=options)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, default=_json_default)
@@ -249,18 +368,34 @@ class Plan:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Plan":
-        """A plan saved with `save` (its graphs are derived again on first use)."""
+    def load(cls, path: str | Path, *, check: bool = True) -> "Plan":
+        """A plan saved with `save`, verified against its model (`check()`: its graphs are derived
+        again from the model's ONNX file, whose hash the plan recorded). `check=False` reads and
+        type-checks the file only (the plan is checked when it runs or is exported)."""
         path = Path(path)
+        if path.is_dir():
+            raise PlanError(f"plan file '{path}' is a directory")
         try:
-            d = json.loads(path.read_text())
+            text = path.read_text()
         except FileNotFoundError:
             raise PlanError(f"plan file '{path}' does not exist") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise PlanError(f"plan file '{path}' cannot be read: {e}") from None
+        try:
+            d = json.loads(text)
         except json.JSONDecodeError as e:
             raise PlanError(f"plan file '{path}' is not valid JSON: {e}") from None
+        except RecursionError:
+            raise PlanError(f"plan file '{path}' nests too deeply to be a plan") from None
         if not isinstance(d, dict):
             raise PlanError(f"plan file '{path}' does not hold a JSON object")
-        return cls.from_dict(d)
+        try:
+            plan = cls.from_dict(d)
+            if check:
+                plan.check()
+        except PlanError as e:
+            raise PlanError(f"plan file '{path}': {e}") from None
+        return plan
 
     def summary(self) -> "PlanSummary":
         """The figures `tensorplan orchestrate` prints."""
@@ -276,8 +411,219 @@ class Plan:
                            race=self.stats.get("race"), arena_bytes=int(sum(self.slots)))
 
 
+# ---------------------------------------------------------------------------------------------
+# what a plan file may hold: field types and ranges, and a source that names data only
+# ---------------------------------------------------------------------------------------------
+
+def _tname(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class _Fields:
+    """Typed reads of one JSON object of a plan; each failure is a PlanError naming the field."""
+
+    def __init__(self, d: dict, where: str):
+        self.d, self.where = d, where
+
+    def _name(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def _get(self, key: str, required: bool) -> Any:
+        if key not in self.d:
+            if required:
+                raise PlanError(f"plan field {self._name(key)} is missing")
+            return None
+        return self.d[key]
+
+    def _bad(self, key: str, what: str, v: Any) -> PlanError:
+        shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
+        return PlanError(f"plan field {self._name(key)} must be {what}, got {_tname(v)} {shown}")
+
+    def str(self, key: str, default: str | None = None) -> str:
+        v = self._get(key, default is None)
+        if v is None:
+            return default or ""
+        if not isinstance(v, str) or len(v) > 4096:
+            raise self._bad(key, "a string", v)
+        return v
+
+    def name(self, key: str) -> str:
+        v = self.str(key)
+        if not v:
+            raise PlanError(f"plan field {self._name(key)} is empty")
+        return v
+
+    def names(self, key: str, nonempty: bool = False) -> list[str]:
+        v = self._get(key, True)
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+            raise self._bad(key, "a list of names (non-empty strings)", v)
+        if nonempty and not v:
+            raise PlanError(f"plan field {self._name(key)} is empty")
+        return list(v)
+
+    def int(self, key: str, default: int, lo: int = 0, hi: int = 1 << 62) -> int:
+        v = self._get(key, False)
+        if v is None:
+            return default
+        if not _is_int(v) or not lo <= v <= hi:
+            raise self._bad(key, f"an integer in {lo}..{hi}", v)
+        return int(v)
+
+    def seconds(self, key: str) -> float:
+        v = self._get(key, False)
+        if v is None:
+            return 0.0
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise self._bad(key, "a finite number of seconds >= 0", v)
+        return float(v)
+
+    def dict(self, key: str, required: bool = False) -> dict[str, Any]:
+        v = self._get(key, required)
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise self._bad(key, "an object", v)
+        return dict(v)
+
+    def list(self, key: str, required: bool = False) -> list:
+        v = self._get(key, required)
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            raise self._bad(key, "a list", v)
+        return list(v)
+
+
+def _check_schedule(sched: dict[str, Any], where: str, kind: str) -> None:
+    """The schedule keys the executor reads: thread counts, spinning, a region's operators."""
+    f = _Fields(sched, where)
+    if "threads" in sched:
+        f.int("threads", 0, lo=1, hi=_MAX_THREADS)
+    if "spinning" in sched and not isinstance(sched["spinning"], bool):
+        raise f._bad("spinning", "true or false", sched["spinning"])
+    if "device" in sched:
+        dev = f.str("device")
+        if dev.split(":")[0] not in ("cpu", "cuda"):
+            raise f._bad("device", "'cpu' or 'cuda'", dev)
+    if kind == "region" or "operators" in sched:
+        f.names("operators", nonempty=True)
+
+
+def _check_buffer(b: Any, j: int) -> None:
+    where = f"buffers[{j}]"
+    if not isinstance(b, dict):
+        raise PlanError(f"plan field {where} must be an object, got {_tname(b)}")
+    f = _Fields(b, where)
+    f.name("tensor")
+    for key in ("bytes", "first_use", "last_use", "slot"):
+        if key not in b:
+            raise PlanError(f"plan field {where}.{key} is missing")
+        f.int(key, 0, hi=_MAX_BYTES)
+
+
+def is_factory_spec(model: str) -> bool:
+    """Does `model` name Python code (a `file.py` or a `pkg.mod:factory` / `file.py:factory` spec)?"""
+    return bool(_FACTORY.match(model)) or model.endswith(".py") or ".py:" in model
+
+
+def check_source(src: Any) -> None:
+    """A plan's `source` names data only: an ONNX file (with its content hash) or a bundled zoo model.
+    A PyTorch factory is code, and loading a plan never runs code: the factory is resolved when the
+    plan is made, and the plan keeps the exported ONNX file's path and hash."""
+    if not isinstance(src, dict):
+        raise PlanError(f"plan field source must be an object, got {_tname(src)}")
+    f = _Fields(src, "source")
+    model = f.name("model")
+    for key, val in (("model", model), ("onnx", src.get("onnx"))):
+        if isinstance(val, str) and is_factory_spec(val):
+            raise PlanError(f"plan field source.{key} names Python code ('{val}'), and a plan is data: loading "
+                            "one never imports or runs code, so this plan is refused unrun. Make the plan from the "
+                            "model's ONNX file instead (`tensorplan orchestrate MODEL.onnx -o PLAN`; a plan "
+                            "orchestrated from a factory names the ONNX file it exported)")
+    if "onnx" in src:
+        f.name("onnx")
+    if "onnx_sha256" in src:
+        h = f.str("onnx_sha256")
+        if not re.fullmatch(r"[0-9a-f]{64}", h):
+            raise f._bad("onnx_sha256", "a sha256 hex digest (64 hex digits)", h)
+    if "opset" in src:
+        f.int("opset", 17, lo=1, hi=999)
+    for key in ("fingerprint", "prim_fingerprint", "made_from"):
+        if key in src:
+            f.str(key)
+    for key in ("rewrite", "in_memory"):
+        if key in src and not isinstance(src[key], bool):
+            raise f._bad(key, "true or false", src[key])
+    rw = f.list("rewrites")
+    if not all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in rw):
+        raise f._bad("rewrites", "a list of [rule, node] pairs", rw)
+    for name, dims in f.dict("input_shapes").items():
+        key = f"input_shapes.{name}"
+        if not isinstance(dims, list) or not all(_is_int(x) and 1 <= x <= _MAX_DIM for x in dims):
+            raise f._bad(key, f"a list of dimensions (1..{_MAX_DIM})", dims)
+        if math.prod(dims) > _MAX_ELEMENTS:
+            raise PlanError(f"plan field source.{key} is {dims}: {math.prod(dims):.3g} elements, more than any "
+                            f"input this tensorplan runs ({_MAX_ELEMENTS:.3g})")
+
+
+def _is_file_source(src: dict[str, Any]) -> bool:
+    model = str(src.get("model", ""))
+    return bool(src.get("onnx")) or model.endswith(".onnx") or "/" in model or os.sep in model
+
+
+def _zoo_file(name: str, opset: int) -> Path:
+    """The zoo's ONNX export of a bundled model a plan names (tensorplan's own code builds it)."""
+    from tensorplan.errors import TensorplanError
+    if Path(name).exists():
+        raise PlanError(f"plan field source.model '{name}' is a file but records no content hash (source.onnx, "
+                        "source.onnx_sha256); re-run `tensorplan orchestrate` on it")
+    try:
+        from tensorplan import zoo
+        zoo.get_entry(name)
+        return Path(zoo.export(name, opset))
+    except ImportError as e:
+        raise PlanError(f"plan's model '{name}' is a zoo model and the model zoo is unavailable ({e})") from None
+    except TensorplanError as e:
+        raise PlanError(f"plan field source.model '{name}' names neither an ONNX file nor a bundled zoo model: "
+                        f"{e}") from None
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_origin(graph: Graph) -> dict[str, Any]:
+    """What a plan records about the model it is made from, so that reading it runs no code: an ONNX
+    file's absolute path and content hash (for a PyTorch factory, the ONNX file it was exported to,
+    the factory kept as `made_from` for information only); a zoo model by its name; a graph built
+    in memory as such."""
+    from tensorplan.zoo.from_torch import is_torch_spec
+    from tensorplan.zoo.specs import resolve_model_path
+    spec = graph.source
+    if not spec:
+        return {"model": graph.name, "in_memory": True}
+    if is_torch_spec(spec) or _is_file_source({"model": spec}) or Path(spec).is_file():
+        path = Path(resolve_model_path(spec, int(graph.opset))).resolve()
+        out = {"model": str(path) if is_torch_spec(spec) else spec, "onnx": str(path),
+               "onnx_sha256": file_sha256(path)}
+        if is_torch_spec(spec):
+            out["made_from"] = spec
+        return out
+    return {"model": spec}
+
+
 def load_plan(path: str | Path) -> Plan:
-    """A plan saved by `plan.save` / `tensorplan orchestrate -o`."""
+    """A plan saved by `plan.save` / `tensorplan orchestrate -o`, verified against its model
+    (`Plan.load`): PlanError naming the field or kernel at fault otherwise."""
     return Plan.load(path)
 
 
@@ -319,12 +665,14 @@ def _json_default(o: Any):
 # verification, ordering and buffer planning
 # ---------------------------------------------------------------------------------------------
 
-def kernel_io(prim: Graph, nodes: list[str]) -> tuple[list[str], list[str]]:
+def kernel_io(prim: Graph, nodes: list[str], kid: str | None = None, what: str = "primitive"
+              ) -> tuple[list[str], list[str]]:
     """(non-constant external inputs, sink outputs) of a node set, as candidates define them."""
     byname = {n.name: n for n in prim.nodes}
     missing = [x for x in nodes if x not in byname]
     if missing:
-        raise PlanError(f"kernel refers to unknown primitive node(s) {missing[:3]}")
+        who = f"kernel '{kid}'" if kid else "kernel"
+        raise PlanError(f"{who} refers to unknown {what} node(s) {missing[:3]}")
     ns = [byname[x] for x in nodes]
     inside = {o for n in ns for o in n.outputs if o}
     consts = prim.constants()
@@ -366,16 +714,21 @@ def topo_order(kernels: list[PlanKernel], available: set[str]) -> list[str]:
     return order
 
 
-def verify(plan: Plan, prim: Graph) -> None:
-    """Check a plan against its primitive graph; raise PlanError naming the first problem.
+def verify(plan: Plan, prim: Graph, source: Graph | None = None) -> None:
+    """Check a plan against its primitive graph (and, for region kernels, the rewritten model
+    `source`); raise PlanError naming the first problem.
 
-    Checks: kernel ids unique; nodes exist; each kernel's declared inputs/outputs match its
-    node set (convex single-output semantics); kernels are convex; `order` is a permutation
-    of the kernels in which every input is available (graph input or earlier output) when
-    the kernel runs; every graph output is produced."""
+    Checks: kernel ids unique; nodes exist; each kernel's declared inputs/outputs match its node
+    set (convex single-output semantics); kernels are convex; a region kernel's operators compute
+    its outputs from its inputs; no kernel twice (the same primitives, or only tensors another
+    kernel produces); `order` is a permutation of the kernels in which every input is available
+    (graph input or earlier output) when the kernel runs; every graph output is produced; the
+    buffers hold every kernel output at its size for its whole lifetime, without two live tensors
+    in one slot, and the arena fits this machine."""
     ids = [k.id for k in plan.kernels]
     if len(set(ids)) != len(ids):
-        raise PlanError("plan has duplicate kernel ids")
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise PlanError(f"plan has duplicate kernel ids ('{dup}' twice)")
     if sorted(plan.order) != sorted(ids):
         raise PlanError("plan order is not a permutation of its kernels")
     byname = {n.name: n for n in prim.nodes}
@@ -383,7 +736,7 @@ def verify(plan: Plan, prim: Graph) -> None:
     for k in plan.kernels:
         if not k.nodes:
             raise PlanError(f"kernel '{k.id}' has no nodes")
-        ins, outs = kernel_io(prim, k.nodes)
+        ins, outs = kernel_io(prim, k.nodes, k.id)
         if set(ins) != set(k.inputs):
             raise PlanError(f"kernel '{k.id}' declares inputs {sorted(k.inputs)[:4]} but its nodes read "
                             f"{sorted(ins)[:4]}")
@@ -391,6 +744,9 @@ def verify(plan: Plan, prim: Graph) -> None:
                 not set(outs) <= set(k.outputs) | _dead(prim, outs):
             raise PlanError(f"kernel '{k.id}' declares outputs {k.outputs} but its sink outputs are {outs}")
         _check_convex(prim, k, pos)
+        if k.kind == "region" and source is not None:
+            _check_region(source, k)
+    _check_no_kernel_twice(plan)
     avail = set(prim.inputs) | set(prim.constants())
     for kid in plan.order:
         k = plan.kernel(kid)
@@ -401,6 +757,109 @@ def verify(plan: Plan, prim: Graph) -> None:
     miss = [o for o in prim.outputs if o not in avail]
     if miss:
         raise PlanError(f"plan never produces graph output(s) {miss[:3]}")
+    if plan.buffers or plan.slots:
+        _check_buffers(plan, prim)
+
+
+def _check_region(source: Graph, k: PlanKernel) -> None:
+    """A region kernel runs the original operators its schedule names: they must exist and compute
+    the kernel's outputs from its inputs (and constants)."""
+    ops = list(k.schedule.get("operators") or ())
+    if not ops:
+        raise PlanError(f"region kernel '{k.id}' names no operators (plan field schedule.operators)")
+    ins, _ = kernel_io(source, ops, k.id, what="operator")
+    produced = {o for n in source.nodes if n.name in set(ops) for o in n.outputs if o}
+    extra = [i for i in ins if i not in set(k.inputs)]
+    missing = [o for o in k.outputs if o not in produced]
+    if extra or missing:
+        raise PlanError(f"region kernel '{k.id}': its operators (plan field schedule.operators) "
+                        + (f"read {extra[:3]}, which are not its inputs" if extra else
+                           f"do not produce its output(s) {missing[:3]}"))
+
+
+def _check_no_kernel_twice(plan: Plan) -> None:
+    """A kernel listed twice (the same primitives, or only tensors other kernels already produce)
+    would run twice and double its time: refused."""
+    seen: dict[frozenset, str] = {}
+    producers: dict[str, list[str]] = {}
+    for k in plan.kernels:
+        if len(set(k.outputs)) != len(k.outputs):
+            raise PlanError(f"kernel '{k.id}' lists an output twice ({k.outputs[:4]})")
+        key = frozenset(k.nodes)
+        if key in seen:
+            raise PlanError(f"kernels '{seen[key]}' and '{k.id}' compute the same primitives: a kernel listed "
+                            "twice would run twice")
+        seen[key] = k.id
+        for o in k.outputs:
+            producers.setdefault(o, []).append(k.id)
+    for k in plan.kernels:
+        others = {p for o in k.outputs for p in producers[o] if p != k.id}
+        if all(len(producers[o]) > 1 for o in k.outputs):
+            raise PlanError(f"kernel '{k.id}' produces only tensors that kernel(s) {sorted(others)[:3]} also "
+                            f"produce ({k.outputs[:3]}): a kernel listed twice would run twice")
+
+
+def _check_buffers(plan: Plan, prim: Graph) -> None:
+    """Buffers and slots as the executor allocates them: no slot larger than its largest tensor (no
+    10^15-byte allocation), every kernel output held at its size from its first write to its last
+    read, no two live tensors in one slot, and the arena within this machine's memory."""
+    n = len(plan.order)
+    pos = {kid: i for i, kid in enumerate(plan.order)}
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for kid in plan.order:
+        k = plan.kernel(kid)
+        for o in k.outputs:
+            first.setdefault(o, pos[kid])
+        for i in k.inputs:
+            last[i] = max(last.get(i, -1), pos[kid])
+    by_tensor: dict[str, dict] = {}
+    for j, b in enumerate(plan.buffers):
+        t = b["tensor"]
+        where = f"plan field buffers[{j}] (tensor '{t}')"
+        if t not in first:
+            raise PlanError(f"{where}: no kernel produces that tensor")
+        if t in by_tensor:
+            raise PlanError(f"{where}: the tensor has two buffers")
+        by_tensor[t] = b
+        want = int(prim.tensors[t].nbytes)
+        if b["bytes"] != want:
+            raise PlanError(f"{where}: bytes is {b['bytes']}, the tensor holds {want}")
+        if not 0 <= b["slot"] < len(plan.slots):
+            raise PlanError(f"{where}: slot {b['slot']} is not one of the plan's {len(plan.slots)} slots")
+        if plan.slots[b["slot"]] < want:
+            raise PlanError(f"{where}: slot {b['slot']} has {plan.slots[b['slot']]} bytes, the tensor needs {want}")
+        end = n if t in prim.outputs else last.get(t, first[t])
+        if b["first_use"] > first[t] or b["last_use"] < end or b["last_use"] > n:
+            raise PlanError(f"{where}: lifetime {b['first_use']}..{b['last_use']} does not cover its use, "
+                            f"{first[t]}..{end}")
+    miss = [t for t in first if t not in by_tensor]
+    if miss:
+        raise PlanError(f"plan field buffers has no buffer for kernel output(s) {miss[:3]}")
+    per_slot: dict[int, list[dict]] = {}
+    for b in plan.buffers:
+        per_slot.setdefault(b["slot"], []).append(b)
+    for s, size in enumerate(plan.slots):
+        bs = sorted(per_slot.get(s, []), key=lambda b: b["first_use"])
+        top = max((b["bytes"] for b in bs), default=0)
+        if size > top:
+            raise PlanError(f"plan field slots[{s}] is {size} bytes, but its largest tensor needs {top}")
+        for a, b in zip(bs, bs[1:]):
+            if b["first_use"] <= a["last_use"]:
+                raise PlanError(f"plan field buffers: tensors '{a['tensor']}' and '{b['tensor']}' share slot {s} "
+                                "while both are live")
+    total = sum(plan.slots)
+    mem = _physical_memory()
+    if mem and total > mem:
+        raise PlanError(f"plan's buffers need {total / 2**30:.1f} GiB (plan field slots), more than this "
+                        f"machine's {mem / 2**30:.1f} GiB")
+
+
+def _physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _dead(prim: Graph, outs: list[str]) -> set[str]:
@@ -436,4 +895,5 @@ def _check_convex(prim: Graph, k: PlanKernel, pos: dict[str, int]) -> None:
                 stack.append(c.name)
 
 
-__all__ = ["SCHEMA", "Plan", "PlanKernel", "PlanSummary", "kernel_io", "load_plan", "topo_order", "verify"]
+__all__ = ["BACKENDS", "KINDS", "SCHEMA", "Plan", "PlanKernel", "PlanSummary", "check_source", "file_sha256",
+           "is_factory_spec", "kernel_io", "load_plan", "model_origin", "topo_order", "verify"]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from tensorplan.devices import DeviceSpec, usable_cores
+from tensorplan.errors import TensorplanError
 from tensorplan.ir.graph import Graph
 
 
@@ -112,7 +113,19 @@ def _ort_session(model: str | bytes, threads: int, profile_prefix: str | None = 
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+        where = f" {model}" if isinstance(model, str) else ""
+        raise TensorplanError(f"ONNX Runtime refused the model{where}: {str(e).strip()[:300]}") from None
+
+
+def _ort_run(sess, feeds: dict[str, np.ndarray]) -> list:
+    """`sess.run(None, feeds)`, ONNX Runtime's run-time failures as one clear TensorplanError."""
+    try:
+        return sess.run(None, feeds)
+    except Exception as e:  # noqa: BLE001
+        raise TensorplanError(f"ONNX Runtime failed running the model: {str(e).strip()[:300]}") from None
 
 
 def ort_per_op_profile(model: str | bytes, feeds: dict[str, np.ndarray], threads: int | None = None,
@@ -121,7 +134,7 @@ def ort_per_op_profile(model: str | bytes, feeds: dict[str, np.ndarray], threads
     with tempfile.TemporaryDirectory() as tmp:
         sess = _ort_session(model, int(threads or usable_cores()), os.path.join(tmp, "ort"))
         for _ in range(runs):
-            sess.run(None, feeds)
+            _ort_run(sess, feeds)
         prof = sess.end_profiling()
         with open(prof) as f:
             events = json.load(f)
@@ -180,7 +193,7 @@ def run_demo(model: str | Graph = "candy", threads: int | None = None, opset: in
     original = onnx_bytes(graph, opset)    # ONNX Runtime is the reference: it runs the original file
     sess = _ort_session(original, threads)
     with pinned_threads(threads):
-        ort_out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        ort_out = dict(zip([o.name for o in sess.get_outputs()], _ort_run(sess, feeds)))
         ort_t = measure(lambda: sess.run(None, feeds), budget_s=2.0, max_repeats=50)
         t1 = time.perf_counter()
         ref_out = run_reference(graph, feeds)
@@ -241,14 +254,14 @@ def _orchestrate_and_race(graph: Graph, device: DeviceSpec, threads: int, sess, 
     plan = orchestrate(graph, device=device, cost="measured", threads=threads, feeds=feeds, progress=progress,
                        log=log)
     saved = str(plan.save(save_plan)) if save_plan else None
-    prim = plan.primitive_graph()
+    prim = plan.check()          # verified against the model before it runs
     tc_run, tc_s, tc_why = (None, None, "skipped (vs_torch_compile=False)")
     with pinned_threads(threads):
         if vs_torch_compile:
             tc_run, tc_s, tc_why = _torch_compiled(graph, opset, [feeds[n] for n in graph.inputs], log)
         ex = PlanExecutor(plan, prim, threads=threads)
         outs = ex.run(feeds)
-        ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        ref = dict(zip([o.name for o in sess.get_outputs()], _ort_run(sess, feeds)))
         runners = {"onnxruntime": lambda: sess.run(None, feeds), "tensorplan": ex.run_bound}
         if tc_run is not None:
             runners["torch.compile"] = tc_run

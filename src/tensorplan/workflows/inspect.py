@@ -71,8 +71,33 @@ def inspect_model(model: str | Path | Graph, input_shapes: dict[str, tuple[int, 
         if report.unsupported:
             report.check = {"skipped": "model has unsupported operators", "passed": False}
         else:
-            report.check = check_against_ort(graph, path, seed=seed)
+            report.check = _check(graph, path, seed)
     return report
+
+
+def _check(graph: Graph, path: Path | None, seed: int) -> dict[str, Any]:
+    """`check_against_ort`, refused up front when the inputs cannot fit in memory, and with any
+    ONNX Runtime (or reference executor) failure as one TensorplanError naming the model."""
+    from tensorplan.errors import TensorplanError
+    from tensorplan.zoo.specs import check_run_memory
+
+    name = graph.source or graph.name
+    check_run_memory(graph, "inspect --check")
+    try:
+        return check_against_ort(graph, path, seed=seed)
+    except TensorplanError:
+        raise
+    except MemoryError as e:
+        raise TensorplanError(f"{name}: inspect --check ran out of memory ({e}); use smaller input shapes "
+                              "(--input-shape)") from None
+    except Exception as e:  # onnxruntime raises its own pybind exception types (Fail, InvalidArgument, ...)
+        first = (str(e).strip().splitlines() or [""])[0][:500]
+        raise TensorplanError(f"{name}: inspect --check failed in {_origin(e)}: {type(e).__name__}: {first}") from None
+
+
+def _origin(e: BaseException) -> str:
+    mod = type(e).__module__ or ""
+    return "ONNX Runtime" if "onnxruntime" in mod else "the check (reference executor vs ONNX Runtime)"
 
 
 __all__ = ["ModelReport", "inspect_model"]

@@ -31,7 +31,7 @@ from tensorplan.korch.candidates import Candidate, EnumerationStats, enumerate_c
 from tensorplan.korch.fission import FissionResult, fission
 from tensorplan.korch.regions import KIND as REGION
 from tensorplan.runtime.buffers import plan_buffers
-from tensorplan.runtime.plan import Plan, PlanKernel, topo_order, verify
+from tensorplan.runtime.plan import Plan, PlanKernel, model_origin, topo_order, verify
 from tensorplan.zoo.specs import as_graph
 
 # Used only when the cost model does not say (AnalyticalCost): ONNX Runtime's MLAS is the
@@ -77,6 +77,7 @@ class _Problem:
     cost_model: Any
     timing: dict[str, float]
     options: dict[str, Any]
+    origin: dict[str, Any]       # what the plan records about the model file (runtime.plan.model_origin)
 
 
 def orchestrate(model: str | Path | Graph, *, device: Any = "local", cost: Any = None,
@@ -193,7 +194,7 @@ def _prepare(g: Graph, spec: Any, cm: Any, *, timing: dict[str, float], threads:
                "threads": threads}
     return _Problem(model=model, graph=g, applied=applied, fr=fr, prim=prim, cands=cands, costs=costs, est=est,
                     n_regions=n_regions, use_regions=use_regions, spec=spec, cost_model=cm, timing=timing,
-                    options=options)
+                    options=options, origin=model_origin(model))
 
 
 def _solve(p: _Problem, *, method: str, recompute: bool, cuts: bool, time_limit: float, require_optimal: bool,
@@ -226,6 +227,7 @@ def _solve(p: _Problem, *, method: str, recompute: bool, cuts: bool, time_limit:
                                   outputs=list(c.outputs), kind=c.kind, predicted_s=cost_of[cid],
                                   backend=str(extra.get("backend") or DEFAULT_BACKEND[c.kind]),
                                   schedule=sched, canonical_hash=c.canonical_hash, candidate=cid))
+    kernels = _drop_redundant(kernels)
     order = topo_order(kernels, set(prim.inputs) | set(prim.constants()))
     if p.use_regions:
         kernels, order = _merge_adjacent_regions(kernels, order, prim)
@@ -235,14 +237,13 @@ def _solve(p: _Problem, *, method: str, recompute: bool, cuts: bool, time_limit:
             kernels[0].schedule["spinning"] = True
     g, spec = p.graph, p.spec
     spec_name = p.model.source or p.model.name
-    source = {"model": spec_name, "opset": int(p.model.opset),
+    # the model as data: a factory spec is resolved here, the plan keeps the ONNX file and its hash
+    source = {**p.origin, "opset": int(p.model.opset),
               "input_shapes": {k: list(v) for k, v in p.model.input_shapes().items()},
               "fingerprint": g.fingerprint(), "prim_fingerprint": prim.fingerprint(),
               "rewrite": bool(p.options["rewrite"]), "rewrites": [list(x) for x in p.applied],
               "num_operators": len(g.nodes), "num_primitives": len(prim.nodes),
               "opaque": [list(x) for x in p.fr.opaque], "fission_rules": p.fr.rules_applied}
-    if p.model.source is None:
-        source["in_memory"] = True
     dev_dict = spec.to_dict() if hasattr(spec, "to_dict") else {"name": str(getattr(spec, "name", spec))}
     plan = Plan(
         source=source, device=dev_dict, kernels=kernels, order=order, solver=sel.to_dict(), timing=timing,
@@ -257,12 +258,29 @@ def _solve(p: _Problem, *, method: str, recompute: bool, cuts: bool, time_limit:
                  "time_limit": time_limit, "method": method},
     )
     try:
-        verify(plan, prim)
+        verify(plan, prim, source=g)
     except PlanError as e:
         raise PlanError(f"internal error: the {method} plan for '{spec_name}' failed verification: {e}") from e
     plan_buffers(plan, prim)
     plan.keep_graphs(p.model, g, prim)
     return plan
+
+
+def _drop_redundant(kernels: list[PlanKernel]) -> list[PlanKernel]:
+    """Drop chosen kernels whose every output another chosen kernel also produces (possible when a
+    multi-output region covers a single-output kernel's tensor and the solver stops early): it
+    would only run twice. `verify` refuses such a plan."""
+    kept = list(kernels)
+    changed = True
+    while changed:
+        changed = False
+        for k in sorted(kept, key=lambda k: -k.predicted_s):
+            others = {o for x in kept if x is not k for o in x.outputs}
+            if len(kept) > 1 and all(o in others for o in k.outputs):
+                kept.remove(k)
+                changed = True
+                break
+    return kept
 
 
 def _merge_adjacent_regions(kernels: list[PlanKernel], order: list[str], prim: Graph

@@ -81,6 +81,62 @@ def as_graph(model: str | Path | Graph, input_shapes: dict[str, tuple[int, ...]]
     return load(model, input_shapes=input_shapes, opset=opset)
 
 
+def _fmt_bytes(n: float) -> str:
+    for div, suf in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= div:
+            return f"{n / div:.1f} {suf}"
+    return f"{int(n)} B"
+
+
+def check_run_memory(graph: Graph, what: str = "running the model", available: int | None = None,
+                     fraction: float = 0.8) -> None:
+    """Refuse, before anything is allocated, to run `graph` on random inputs when its declared
+    shapes need more memory than this machine has free: the inputs themselves (plus the float64
+    buffer a random float input is drawn in) and its largest tensor. `available` defaults to
+    `psutil.virtual_memory().available`; the limit is `fraction` of it. Raises a TensorplanError
+    naming the input (or tensor), its shape and the bytes it would need."""
+    import numpy as np
+
+    if available is None:
+        import psutil
+        available = int(psutil.virtual_memory().available)
+    limit = int(available * fraction)
+
+    def nbytes(t) -> tuple[int, int]:
+        try:
+            item = 2 if t.dtype == "bfloat16" else np.dtype(t.dtype).itemsize
+        except TypeError:
+            item = 4
+        n = 1
+        for d in t.shape:
+            n *= max(int(d), 0)
+        floating = t.dtype in ("bfloat16",) or (t.dtype != "bool" and np.issubdtype(np.dtype(
+            "float32" if t.dtype == "bfloat16" else t.dtype), np.floating))
+        return n * item, n * 8 if floating else 0     # (the tensor, its float64 draw)
+
+    inputs = [(name, graph.tensors[name]) for name in graph.inputs]
+    sizes = {name: nbytes(t) for name, t in inputs}
+    need = sum(b for b, _ in sizes.values()) + max((tmp for _, tmp in sizes.values()), default=0)
+    if inputs and need > limit:
+        name, t = max(inputs, key=lambda it: sum(sizes[it[0]]))
+        shape = "x".join(str(d) for d in t.shape)
+        raise TensorplanError(
+            f"{graph.source or graph.name}: input '{name}' is declared {shape} {t.dtype}: "
+            f"{_fmt_bytes(sizes[name][0])} per input (about {_fmt_bytes(need)} with all inputs while "
+            f"drawing them), more than {_fmt_bytes(limit)} ({fraction:.0%} of the {_fmt_bytes(available)} "
+            f"of memory free) for {what}; refused before allocating. Pass a smaller shape with "
+            f"--input-shape {name}=D1,D2,... if the input is dynamic, or fix the model's declared shape.")
+    big = [(nbytes(t)[0], n, t) for n, t in graph.tensors.items() if t.data is None and n not in sizes]
+    if big:
+        b, name, t = max(big, key=lambda x: x[0])
+        if b > limit:
+            shape = "x".join(str(d) for d in t.shape)
+            raise TensorplanError(
+                f"{graph.source or graph.name}: tensor '{name}' is {shape} {t.dtype} ({_fmt_bytes(b)}), more than "
+                f"{_fmt_bytes(limit)} ({fraction:.0%} of the {_fmt_bytes(available)} of memory free) for {what}; "
+                f"refused before allocating. Use smaller input shapes (--input-shape).")
+
+
 def onnx_bytes(graph: Graph, opset: int = 17) -> bytes:
     """The ONNX model `graph` came from (its file, unchanged), or `graph` exported when it was built
     in memory: what ONNX Runtime runs as the reference."""
@@ -105,5 +161,5 @@ def torch_source(model: str | Graph, opset: int = 17) -> tuple[Any, tuple] | Non
     return zoo.build_torch(spec)
 
 
-__all__ = ["MODEL_FORMS", "as_graph", "load", "load_model", "onnx_bytes", "resolve_model", "resolve_model_path",
+__all__ = ["MODEL_FORMS", "as_graph", "check_run_memory", "load", "load_model", "onnx_bytes", "resolve_model", "resolve_model_path",
            "torch_source"]
