@@ -221,8 +221,8 @@ def compare(actual, expected) -> str | None:
         return None
     bad = ~ok
     k = int(np.argmax(bad.reshape(-1)))
-    return (f"values differ in {int(bad.sum())} of {exp.size} elements (e.g. {a.reshape(-1)[k]!r} vs "
-            f"expected {e.reshape(-1)[k]!r}; rtol {rtol:g}, atol {atol:g})")
+    return (f"values differ in {int(bad.sum())} of {exp.size} elements (e.g. {float(a.reshape(-1)[k]):.7g} vs "
+            f"expected {float(e.reshape(-1)[k]):.7g}; rtol {rtol:g}, atol {atol:.3g})")
 
 
 # ------------------------------------------------------------------ running
@@ -361,6 +361,25 @@ def summarize(rows: list[dict]) -> dict:
     return {"families": fams, "total": total}
 
 
+def _compact(row: dict) -> dict:
+    out = {k: v for k, v in row.items() if v not in ("", [], None) and k != "seconds"}
+    for k in ("message", "ort_message"):
+        if k in out:
+            out[k] = out[k][:240]
+    if "unfrozen" in out:
+        out["unfrozen"] = {k: (v[:240] if isinstance(v, str) else v)
+                           for k, v in out["unfrozen"].items() if v not in ("", None)}
+    return out
+
+
+def _dump(doc: dict) -> str:
+    """The document indented, each case on one line (the file stays small and diffable)."""
+    head = {k: v for k, v in doc.items() if k != "cases"}
+    text = json.dumps(head, indent=1, default=str)[:-2]
+    cases = ",\n".join("  " + json.dumps(_compact(r), default=str) for r in doc["cases"])
+    return f"{text},\n \"cases\": [\n{cases}\n ]\n}}\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", default="", help="comma-separated op types (default: every case)")
@@ -388,7 +407,7 @@ def main() -> None:
         "summary": summarize(rows), "cases": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    Path(args.out).write_text(_dump(doc))
     s = doc["summary"]["total"]
     print(f"{len(rows)} cases in {doc['seconds']} s: pass {s.get('pass')}, clear error {s.get('error')}, "
           f"wrong {s.get('wrong')}; ONNX Runtime passes {s.get('ort_pass')}  -> {args.out}")

@@ -291,3 +291,58 @@ def test_a_corrupt_model_file_is_one_clear_error(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(TensorplanError, match="empty.onnx: file is empty"):
         predict(str(empty))
+
+
+def test_roofline_floor_terms():
+    """The floor is max(FLOPs / peak, output bytes beyond all on-chip cache / bandwidth)."""
+    import dataclasses
+
+    from tensorplan.cdmpp.predict import cache_bytes, roofline_floor
+    from tensorplan.devices import resolve
+
+    spec = dataclasses.replace(resolve("h100"), peak_fp32_gflops=1000.0, mem_bw_gbs=100.0, l1_kb=0, l2_kb=1024,
+                               l3_kb=0)
+    assert cache_bytes(spec) == 1024 * 1024
+    f = roofline_floor(spec, [2e9, 0.0, 0.0], [0.0, 1024 * 1024 + 1e8, 512.0])
+    assert f == pytest.approx([2e-3, 1e-3, 0.0])
+    assert roofline_floor(dataclasses.replace(spec, peak_fp32_gflops=0.0, mem_bw_gbs=0.0), [1e9], [1e12]) == [0.0]
+
+
+def test_predictions_below_the_devices_roofline_floor_are_flagged(capsys):
+    """A device whose peak and bandwidth are set absurdly low: every kernel's prediction is below
+    its floor, and the object, the JSON and the CLI's output say so; on this CPU as it is, none is."""
+    import dataclasses
+
+    from tensorplan.cli.predict import _print_prediction
+    from tensorplan.devices import resolve
+
+    normal = predict("tiny-cnn", device="local")
+    assert normal.floor_s is not None and 0 < normal.floor_s < normal.total_s
+    assert all(k.floor_s is not None and not k.below_floor for k in normal.kernels)
+    assert normal.below_floor == [] and not normal.total_below_floor and normal.floor_warning is None
+    d = normal.to_dict()
+    assert d["below_floor"] == [] and d["total_below_floor"] is False and d["floor_ms"] == pytest.approx(
+        1e3 * normal.floor_s) and all(k["below_floor"] is False for k in d["kernels"])
+
+    slow = dataclasses.replace(resolve("local"), name="slow-cpu", peak_fp32_gflops=1e-9, mem_bw_gbs=1e-9,
+                               l1_kb=0.0, l2_kb=0.0, l3_kb=0.0)
+    logs: list[str] = []
+    p = predict("tiny-cnn", device=slow, log=logs.append)
+    assert len(p.kernels) >= 4 and all(k.below_floor for k in p.kernels)
+    assert p.below_floor == [k.name for k in p.kernels] and p.total_below_floor and p.total_s < p.floor_s
+    assert f"{len(p.kernels)} of {len(p.kernels)} kernels predicted below the roofline floor" in p.floor_warning
+    assert "the total too" in p.floor_warning
+    assert any("below the roofline floor" in m for m in logs)
+    d = json.loads(json.dumps(p.to_dict()))
+    assert d["below_floor"] == p.below_floor and d["total_below_floor"] is True
+    assert all(k["below_floor"] and k["floor_us"] > k["predicted_us"] for k in d["kernels"])
+    def printed(pred):                          # rich wraps lines at the terminal width
+        _print_prediction(pred, False)
+        out = capsys.readouterr()
+        return " ".join(out.out.split()), " ".join(out.err.split())
+
+    out, err = printed(p)
+    assert "predicted below the roofline floor" in err and "the total is below it too" in out
+    assert f"{len(p.kernels)} kernel(s) predicted below it" in out
+    out, err = printed(normal)
+    assert "predicted below the roofline floor" not in err and "0 kernel(s) predicted below it" in out

@@ -1,6 +1,7 @@
 """ONNX import: real models (onnx.helper and torch exports), folding, overrides, errors."""
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -394,3 +395,231 @@ def test_graph_to_onnx_handles_hand_built_primitive_graphs():
     assert_close(ref, ort, TOL, g.outputs)
     back = import_onnx(model)  # and it imports again
     assert back.op_counts() == g.op_counts()
+
+
+# ---------------------------------------------------------------- validation as strict as ONNX Runtime
+def _ort_refuses(m: onnx.ModelProto) -> str | None:
+    """ONNX Runtime's reason when it refuses to load the model or fails running it on ones."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    try:
+        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        return str(e)
+    np_of = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int8)": np.int8}
+    feeds = {i.name: np.ones(i.shape, np_of[i.type]) for i in sess.get_inputs()}
+    try:
+        sess.run(None, feeds)
+    except Exception as e:
+        return str(e)
+    return None
+
+
+def _w(name, *shape, dtype=np.float32):
+    return numpy_helper.from_array(np.ones(shape, dtype), name)
+
+
+def _i64(name, values):
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def test_float_axis_attribute_is_refused_like_onnxruntime():
+    node = helper.make_node("Concat", ["a", "b"], ["y"], name="cat")
+    node.attribute.append(helper.make_attribute("axis", 1.0))  # a FLOAT where INT is required
+    m = make_model([node], [vi("a", [2, 3]), vi("b", [2, 3])], [vi("y", [2, 6])])
+    with pytest.raises(ModelImportError) as e:
+        import_onnx(m)
+    assert re.search(r"node 'cat' \(Concat\): invalid model: attribute 'axis' has type FLOAT, "
+                     r"but the operator requires INT", str(e.value)), str(e.value)
+    assert "Mismatched attribute type" in _ort_refuses(m)
+    # a nameless node is named as tensorplan names it
+    m.graph.node[0].ClearField("name")
+    with pytest.raises(ModelImportError, match=r"node 'Concat_0' \(Concat\)"):
+        import_onnx(m)
+
+
+# (case, nodes, inputs, initializers, expected message) - each refused by ONNX Runtime too
+_BAD = {
+    "conv_channels": ([helper.make_node("Conv", ["x", "w"], ["y"], name="conv1")], [vi("x", [1, 3, 8, 8])],
+                      [_w("w", 4, 2, 3, 3)],
+                      r"node 'conv1' \(Conv\): invalid model: weight 'w' \(4, 2, 3, 3\) expects 2 input "
+                      r"channels .* but input 'x' \(1, 3, 8, 8\) has 3"),
+    "conv_group": ([helper.make_node("Conv", ["x", "w"], ["y"], name="c", group=2)], [vi("x", [1, 4, 8, 8])],
+                   [_w("w", 3, 2, 3, 3)], r"'c' \(Conv\).*3 output channels, not divisible by group 2"),
+    "conv_bias": ([helper.make_node("Conv", ["x", "w", "b"], ["y"], name="c")], [vi("x", [1, 3, 8, 8])],
+                  [_w("w", 4, 3, 3, 3), _w("b", 5)], r"'c' \(Conv\).*bias 'b' has shape \(5,\), expected \(4,\)"),
+    "conv_kernel_shape": ([helper.make_node("Conv", ["x", "w"], ["y"], name="c", kernel_shape=[3, 3])],
+                          [vi("x", [1, 3, 8, 8])], [_w("w", 4, 3, 2, 3)],
+                          r"'c' \(Conv\).*kernel_shape \[3, 3\] does not match"),
+    "convtranspose_channels": ([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="ct")],
+                               [vi("x", [1, 3, 8, 8])], [_w("w", 4, 3, 3, 3)],
+                               r"'ct' \(ConvTranspose\).*expects 4 input channels"),
+    "reshape_count": ([helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")], [vi("x", [2, 12])],
+                      [_i64("s", [5, 5])],
+                      r"node 'rs' \(Reshape\): invalid model: reshapes input 'x' \(2, 12\) \(24 elements\) "
+                      r"to \(5, 5\) \(25 elements\)"),
+    "reshape_infer": ([helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")], [vi("x", [2, 12])],
+                      [_i64("s", [5, -1])], r"node 'rs' \(Reshape\): invalid model"),
+    "instancenorm_scale": ([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="in")],
+                           [vi("x", [1, 3, 4, 4])], [_w("s", 4), _w("b", 4)],
+                           r"'in' \(InstanceNormalization\).*scale 's' has shape \(4,\), expected \(3,\)"),
+    "layernorm_scale": ([helper.make_node("LayerNormalization", ["x", "s"], ["y"], name="ln")],
+                        [vi("x", [2, 3])], [_w("s", 4)], r"'ln' \(LayerNormalization\).*scale 's'"),
+    "layernorm_axis": ([helper.make_node("LayerNormalization", ["x", "s"], ["y"], name="ln", axis=6)],
+                       [vi("x", [2, 3])], [_w("s", 3)], r"'ln' \(LayerNormalization\).*axis 6 is out of range"),
+    "prelu_slope": ([helper.make_node("PRelu", ["x", "s"], ["y"], name="pr")], [vi("x", [1, 3, 4])],
+                    [_w("s", 5)], r"'pr' \(PRelu\).*slope 's' \(5,\) does not broadcast"),
+    "gather_index": ([helper.make_node("Gather", ["x", "i"], ["y"], name="ga")], [vi("x", [2, 3])],
+                     [_i64("i", [5])], r"'ga' \(Gather\).*index 5 .* out of range"),
+    "gemm_bias": ([helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="gm")], [vi("x", [2, 3])],
+                  [_w("w", 3, 4), _w("c", 5)], r"'gm' \(Gemm\).*C 'c' \(5,\) does not broadcast"),
+    "gemm_k": ([helper.make_node("Gemm", ["x", "w"], ["y"], name="gm")], [vi("x", [2, 3])],
+               [_w("w", 4, 5)], r"'gm' \(Gemm\): invalid model"),
+    "dequantize_axis": ([helper.make_node("DequantizeLinear", ["x", "s"], ["y"], name="dq", axis=1)],
+                        [vi("x", [2, 3], TensorProto.INT8)], [_w("s", 4)],
+                        r"'dq' \(DequantizeLinear\).*per-axis scale 's' has 4 values"),
+    "matmul_k": ([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", [2, 3])],
+                 [_w("w", 4, 5)], r"'mm' \(MatMul\): invalid model: Incompatible dimensions"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD))
+def test_models_onnxruntime_refuses_are_refused_naming_node_and_op(case):
+    nodes, inputs, inits, pattern = _BAD[case]
+    m = make_model(nodes, inputs, [vi("y", None)], inits)
+    with pytest.raises(ModelImportError) as e:
+        import_onnx(m)
+    assert re.search(pattern, str(e.value)), str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+    assert _ort_refuses(m), f"{case}: ONNX Runtime accepts it"
+
+
+def test_declared_shapes_that_contradict_computed_ones_are_refused():
+    relu = helper.make_node("Relu", ["x"], ["y"], name="r")
+    for declared, pattern in (([3, 2], r"in dimension 0: computed 2, declared 3"),
+                              ([2, 3, 1], r"in rank: computed 2, declared 3")):
+        m = make_model([relu], [vi("x", [2, 3])], [vi("y", declared)])
+        with pytest.raises(ModelImportError) as e:
+            import_onnx(m)
+        assert re.search(r"node 'r' \(Relu\): invalid model: the shape it computes contradicts the "
+                         r"shape the model declares for its output 'y' " + pattern, str(e.value)), str(e.value)
+    # an intermediate value_info counts too
+    m = make_model([helper.make_node("Relu", ["x"], ["h"], name="r"),
+                    helper.make_node("Neg", ["h"], ["y"], name="n")],
+                   [vi("x", [2, 3])], [vi("y", [2, 3])])
+    m.graph.value_info.append(vi("h", [2, 4]))
+    with pytest.raises(ModelImportError, match=r"node 'r' \(Relu\).*output 'h' in dimension 1: "
+                                               r"computed 3, declared 4"):
+        import_onnx(m)
+    # a declared element type too (ONNX Runtime refuses this one as well)
+    m = make_model([relu], [vi("x", [2, 3])], [vi("y", [2, 3], TensorProto.INT64)])
+    with pytest.raises(ModelImportError, match=r"'r' \(Relu\).*element type .* computed FLOAT, "
+                                               r"declared INT64"):
+        import_onnx(m)
+    assert _ort_refuses(m)
+    # symbolic or missing declarations are not contradictions
+    for declared in (["n", 3], None):
+        g = import_onnx(make_model([relu], [vi("x", [2, 3])], [vi("y", declared)]))
+        assert g.tensors["y"].shape == (2, 3)
+
+
+def test_what_onnxruntime_accepts_stays_accepted():
+    # nodes out of topological order (ONNX Runtime sorts them; the checker alone would not)
+    m = make_model([helper.make_node("Neg", ["h"], ["y"], name="n"),
+                    helper.make_node("Relu", ["x"], ["h"], name="r")],
+                   [vi("x", [2, 3])], [vi("y", [2, 3])])
+    assert _ort_refuses(m) is None
+    assert import_onnx(m).op_counts() == {"Relu": 1, "Neg": 1}
+    # a function operator whose expansion onnx's strict inference trips on (ORT loads it)
+    m = make_model([helper.make_node("MeanVarianceNormalization", ["x"], ["y"], name="mvn")],
+                   [vi("x", [2, 3, 4, 4])], [vi("y", [2, 3, 4, 4])], opset=13)
+    assert _ort_refuses(m) is None
+    g = import_onnx(m)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    assert_close(run_reference(g, {"x": x}), run_onnxruntime(m, {"x": x}), TOL, ["y"])
+
+
+def test_foreign_node_onnxruntime_refuses_is_refused_with_its_reason():
+    # LSTM runs in ONNX Runtime for tensorplan; its CPU kernel refuses layout=1
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["Y"], hidden_size=2, layout=1, name="lstm")
+    m = make_model([node], [vi("x", [1, 4, 3])], [vi("Y", None)],
+                   [_w("W", 1, 8, 3), _w("R", 1, 8, 2)], opset=22)
+    with pytest.raises(ModelImportError, match=r"node 'lstm' \(LSTM\): invalid model: ONNX Runtime.*"
+                                               r"layout"):
+        import_onnx(m)
+    assert _ort_refuses(m)
+
+
+# ---------------------------------------------------------------- current opsets
+def test_max_opset_is_what_onnxruntime_loads():
+    from tensorplan.ir.onnx_import import MAX_OPSET
+    relu = [helper.make_node("Relu", ["x"], ["y"])]
+    assert _ort_refuses(make_model(relu, [vi("x", [2])], [vi("y", [2])], opset=MAX_OPSET, ir=10)) is None
+    assert "opset" in _ort_refuses(make_model(relu, [vi("x", [2])], [vi("y", [2])],
+                                              opset=MAX_OPSET + 1, ir=10)).lower()
+
+
+def _newest_opset_model(opset):
+    """Ops whose versions changed after opset 21 (Conv 22, Cast 24, TopK 24, Shape/Reshape/
+    Flatten/Pad/Squeeze/Unsqueeze/Transpose 25, ...) in one model."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             _i64("axes", [2, 3]), _i64("pads", [0, 0, 1, 1, 0, 0, 1, 1]), _i64("k", [2]),
+             _i64("sq", [0]), _i64("tail", [-1])]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Elu", ["c"], ["e"], alpha=0.5),
+             helper.make_node("Pad", ["e", "pads"], ["p"], mode="reflect"),
+             helper.make_node("MaxPool", ["p"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("HardSwish", ["mp"], ["hs"]),
+             helper.make_node("ReduceMean", ["hs", "axes"], ["r"], keepdims=0),
+             helper.make_node("TopK", ["r", "k"], ["tv", "ti"], axis=-1),
+             helper.make_node("Cast", ["ti"], ["tf"], to=TensorProto.FLOAT),
+             helper.make_node("Shape", ["hs"], ["shp"], start=1),
+             helper.make_node("Cast", ["shp"], ["shpf"], to=TensorProto.FLOAT),
+             helper.make_node("Flatten", ["hs"], ["fl"], axis=1),
+             helper.make_node("Softplus", ["fl"], ["sp"]),
+             helper.make_node("Unsqueeze", ["sp", "sq"], ["us"]),
+             helper.make_node("Squeeze", ["us", "sq"], ["sq2"]),
+             helper.make_node("Transpose", ["sq2"], ["t"], perm=[1, 0]),
+             helper.make_node("Reshape", ["t", "tail"], ["y"]),
+             helper.make_node("Round", ["tv"], ["tr"])]
+    return make_model(nodes, [vi("x", [1, 3, 8, 8])],
+                      [vi("y", [4 * 5 * 5]), vi("tr", [1, 2]), vi("tf", [1, 2]), vi("shpf", [3])],
+                      inits, opset=opset, ir=10)
+
+
+@pytest.mark.parametrize("opset", [22, 24, 25, 26])
+def test_newest_opsets_import_and_match_onnxruntime(opset):
+    m = _newest_opset_model(opset)
+    g = import_onnx(m)
+    assert g.opset == opset
+    feeds = random_feeds(g, seed=0)
+    ref = run_reference(g, feeds)
+    assert_close(ref, run_onnxruntime(m, feeds), TOL, g.outputs, what=f"opset {opset}")
+    assert_close(run_onnxruntime(graph_to_onnx(g), feeds), ref, TOL, g.outputs,
+                 what=f"opset {opset} exported back")
+
+
+def test_newer_operator_versions_than_implemented_are_refused_by_name(monkeypatch):
+    from tensorplan.ir import onnx_import
+    monkeypatch.setattr(onnx_import, "_REVIEWED_OPSET", 21)
+    m = _newest_opset_model(22)
+    with pytest.raises(ModelImportError, match=r"node 'conv' \(Conv\): Conv version 22 \(opset 22\) "
+                                               r"is newer than tensorplan implements"):
+        import_onnx(m)
+
+
+def test_unhonoured_attributes_of_newer_versions_are_refused():
+    x = vi("x", [2, 4], TensorProto.INT8)
+    blocked = helper.make_node("DequantizeLinear", ["x", "s"], ["y"], axis=1, block_size=2, name="dq")
+    m = make_model([blocked], [x], [vi("y", [2, 4])], [_w("s", 2, 2)], opset=21, ir=10)
+    with pytest.raises(ModelImportError, match=r"node 'dq' \(DequantizeLinear\): DequantizeLinear "
+                                               r"version 21 attribute block_size=2 .* not supported"):
+        import_onnx(m)
+    typed = helper.make_node("DequantizeLinear", ["x", "s"], ["y"], output_dtype=TensorProto.FLOAT16,
+                             name="dq")
+    m = make_model([typed], [x], [vi("y", [2, 4], TensorProto.FLOAT16)], [_w("s")], opset=23, ir=10)
+    with pytest.raises(ModelImportError, match=r"'dq' \(DequantizeLinear\).*version 23 attribute "
+                                               r"output_dtype"):
+        import_onnx(m)

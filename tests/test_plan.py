@@ -101,6 +101,9 @@ def test_verify_catches_broken_plans(planned):
         "declares inputs": lambda p: p.kernel(last).inputs.append(prim.inputs[0] + "_nope"),
         "unknown primitive": lambda p: p.kernel(first).nodes.append("no-such-node"),
         "duplicate kernel ids": lambda p: setattr(p.kernels[1], "id", p.kernels[0].id),
+        "a kernel listed twice": lambda p: (p.kernels.append(PlanKernel(**{**p.kernel(last).__dict__, "id": "kx"})),
+                                            p.order.append("kx")),
+        "slots": lambda p: p.slots.__setitem__(0, p.slots[0] + 10 ** 15),
     }
     for msg, fn in cases.items():
         with pytest.raises(PlanError, match=msg):

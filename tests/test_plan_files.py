@@ -294,3 +294,36 @@ def test_the_backends_a_plan_may_name_are_the_executors():
 def test_plan_from_dict_rejects_non_objects():
     with pytest.raises(PlanError, match="JSON object"):
         Plan.from_dict([1, 2])
+
+
+def test_bad_counts_and_output_paths_are_one_line_errors(made, tmp_path, nothing_runs):
+    _, path, _ = made
+    cases = [(["orchestrate", "tiny-mlp", "--cost", "analytical", "-o", str(tmp_path)], "is a directory"),
+             (["orchestrate", "tiny-mlp", "--cost", "analytical", "--race-rounds", "0"], "--race-rounds 0"),
+             (["export", str(path), "-o", str(tmp_path)], "is a directory"),
+             (["export", str(path), "-o", str(tmp_path / "x.onnx"), "--rounds", "-1"], "--rounds -1"),
+             (["run", str(path), "--repeats", "-1"], "--repeats -1"),
+             (["run", str(path), "--threads", "0"], "--threads 0")]
+    for cmd, phrase in cases:
+        r = runner.invoke(app, cmd)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and phrase in lines[0], (cmd, r.output)
+
+
+def test_region_kernels_name_operators_that_compute_them(tmp_path, nothing_runs):
+    from conftest import FixedDevice
+    from test_regions import RegionFriendlyCost
+    plan = orchestrate("tiny-cnn", device=FixedDevice(), cost=RegionFriendlyCost(), race=False)
+    good = json.loads(plan.save(tmp_path / "r.json").read_text())
+    j = next(i for i, k in enumerate(good["kernels"]) if k["kind"] == "region")
+    kid = good["kernels"][j]["id"]
+    for fn, phrase in ((lambda k: k["schedule"]["operators"].append("no-such-op"),
+                        f"kernel '{kid}' refers to unknown operator node(s) ['no-such-op']"),
+                       (lambda k: k["schedule"].pop("operators"), f"(kernel '{kid}').schedule.operators is missing"),
+                       (lambda k: k["schedule"].update(operators=k["schedule"]["operators"][:1]),
+                        f"region kernel '{kid}': its operators")):
+        d = copy.deepcopy(good)
+        fn(d["kernels"][j])
+        with pytest.raises(PlanError, match=None) as e:
+            load_plan(_save(tmp_path, d))
+        assert phrase in str(e.value), str(e.value)

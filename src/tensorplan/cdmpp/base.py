@@ -247,13 +247,13 @@ def read_blob(path: str | Path) -> dict:
                 raise
             blob = load(_legacy_numpy_globals())       # a format-/1 file with numpy values in its state
     except pickle.UnpicklingError as e:
-        what = re.search(r"(?:Unsupported global|Unsupported operand|Trying to call reduce)[^\n]{0,160}", str(e))
+        what = re.search(r"Unsupported global: GLOBAL [\w.]+|Unsupported operand \d+|Trying to [^.\n]{0,100}", str(e))
         raise TensorplanError(
             f"'{path}' was not loaded: it holds pickled Python objects, not only weights and plain values "
-            f"({what.group(0).strip() if what else str(e).splitlines()[0][:160]}). A model file is data and is "
-            "never unpickled as code: it may come from another program, an older tensorplan, or be crafted to "
-            "run code. Retrain it with `tensorplan predictor train` (files it writes load safely); "
-            f"{_HINT.removeprefix('pass a file written by `tensorplan predictor train` ')}") from None
+            f"({what.group(0) if what else str(e).splitlines()[0][:120]}). A model file is data and is never "
+            "unpickled as code: it may come from another program or an older tensorplan, or be crafted to run "
+            "code. Retrain it with `tensorplan predictor train` (the files it writes load safely), or leave out "
+            "--weights for the shipped model") from None
     except Exception as e:  # noqa: BLE001 - zip and torch errors for a truncated or foreign file
         raise TensorplanError(f"'{path}' is not a readable tensorplan model file "
                               f"({type(e).__name__}: {str(e)[:120]}); {_HINT}") from None

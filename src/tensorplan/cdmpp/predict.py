@@ -339,7 +339,9 @@ def output_bytes(prog: Any) -> float:
         if isinstance(mod, tvm.IRModule):
             funcs = [f for _, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
             mod = funcs[0] if len(funcs) == 1 else None
-        buf = mod.buffer_map.get(mod.params[-1], mod.params[-1]) if hasattr(mod, "buffer_map") else None
+        buf = mod.params[-1]            # TVM 0.27: the parameters are the buffers themselves
+        if getattr(buf, "shape", None) is None and hasattr(mod, "buffer_map"):
+            buf = mod.buffer_map[buf]
         shape = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in buf.shape]
         return float(math.prod(shape) * tvm.DataType(str(buf.dtype)).bits // 8)
     except Exception:  # noqa: BLE001 - no readable output buffer: no memory term

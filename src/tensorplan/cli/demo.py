@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tensorplan.cli.common import MODEL_HELP
+from tensorplan.cli.common import MODEL_HELP, output_file
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
         with one_line_errors():
             if threads is not None and threads < 1:
                 raise TensorplanError(f"--threads {threads}: give a thread count >= 1")
+            output_file(save_plan, "--save-plan")
+            output_file(report, "--report")
             rep = tp.run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
                               progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"),
                               vs_torch_compile=vs_torch_compile, save_plan=save_plan)

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tensorplan.cli.common import MODEL_HELP, input_shape_option, parse_shapes
+from tensorplan.cli.common import MODEL_HELP, input_shape_option, output_file, parse_shapes
 
 
 def register(app: typer.Typer) -> None:
@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
         from tensorplan.cli.run import one_line_errors
         from tensorplan.errors import TensorplanError
         with one_line_errors(), con.status(f"exporting {target} ..."):
+            output_file(output, "--output")
             if rounds < 0:
                 raise TensorplanError(f"--rounds {rounds}: give a count >= 0 (0: no timing)")
             if threads is not None and threads < 1:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tensorplan.cli.common import MODEL_HELP, input_shape_option, parse_shapes
+from tensorplan.cli.common import MODEL_HELP, input_shape_option, output_file, parse_shapes
 
 
 def register(app: typer.Typer) -> None:
@@ -79,9 +79,7 @@ def register(app: typer.Typer) -> None:
                                 ("--threads", threads, 1)):
                 if v is not None and v < lo:
                     raise TensorplanError(f"{flag} {v}: give a count >= {lo}")
-            if output is not None and Path(output).is_dir():
-                raise TensorplanError(f"-o {output} is a directory; name the plan file to write, e.g. "
-                                      f"{Path(output) / 'plan.json'}")
+            output_file(output, "--output")
             plan = tp.orchestrate(
                 model, device=device, cost=cost, input_shapes=parse_shapes(input_shape), opset=opset,
                 threads=threads, jobs=jobs, method=method, max_nodes=max_nodes,

@@ -21,8 +21,11 @@ def one_line_errors():
     try:
         yield
     except TensorplanError as e:
-        msg = " ".join(str(e).split("\n")) if "\n" in str(e) and len(str(e)) < 400 else str(e)
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(msg)}")
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    except OSError as e:   # an output that cannot be written: as `tensorplan.cli.main` says it
+        from tensorplan.cli import os_error_message
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(os_error_message(e))}")
         raise typer.Exit(2) from None
 
 

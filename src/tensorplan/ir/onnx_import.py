@@ -875,10 +875,25 @@ def _unidirectional(small: tuple, big: tuple) -> bool:
     return all(a in (1, b) for a, b in zip(reversed(small), reversed(big)))
 
 
+# ops whose `axis` attribute must lie in [-r, r-1] (Flatten: [-r, r]) for an input of rank r
+_AXIS_OPS = {"LayerNormalization", "Softmax", "LogSoftmax", "Hardmax", "Gather", "GatherElements",
+             "Concat", "Split", "ArgMax", "ArgMin", "TopK", "ScatterElements", "LpNormalization",
+             "QuantizeLinear", "DequantizeLinear", "Compress", "Flatten"}
+
+
 def _node_semantic_error(n: Node, shp) -> str | None:
     """Why ONNX Runtime would refuse this node once shapes are static (checks onnx's shape
     inference does not make), or None."""
     ins = n.inputs + [""] * 3
+    if n.op in _AXIS_OPS and isinstance(n.attrs.get("axis"), int) and ins[0]:
+        x = shp(ins[0])
+        per_tensor = n.op in ("QuantizeLinear", "DequantizeLinear") and (
+            not ins[1] or shp(ins[1]) is None or int(np.prod(shp(ins[1]))) <= 1)
+        if x is not None and not per_tensor:  # (a per-tensor scale ignores the axis)
+            hi = len(x) if n.op == "Flatten" else len(x) - 1
+            if not -len(x) <= n.attrs["axis"] <= hi:
+                return (f"axis {n.attrs['axis']} is out of range for input '{ins[0]}' of rank "
+                        f"{len(x)} (valid: {-len(x)}..{hi})")
     if n.op in ("Conv", "ConvTranspose") and ins[0] and ins[1]:
         x, w = shp(ins[0]), shp(ins[1])
         if x is None or w is None:
@@ -886,6 +901,10 @@ def _node_semantic_error(n: Node, shp) -> str | None:
         if len(x) != len(w) or len(x) < 3:
             return (f"input '{ins[0]}' has rank {len(x)} but weight '{ins[1]}' has rank {len(w)}; "
                     "both must be N+2-dimensional for N spatial axes")
+        ks = n.attrs.get("kernel_shape")
+        if ks is not None and list(ks) != list(w[2:]):
+            return (f"kernel_shape {list(ks)} does not match the spatial shape {list(w[2:])} of "
+                    f"weight '{ins[1]}' {tuple(w)}")
         group = int(n.attrs.get("group", 1))
         if group < 1:
             return f"group={group} must be positive"
@@ -907,6 +926,10 @@ def _node_semantic_error(n: Node, shp) -> str | None:
             b = shp(ins[2])
             if b is not None and tuple(b) != (m,):
                 return f"bias '{ins[2]}' has shape {tuple(b)}, expected ({m},) (one per output channel)"
+    elif n.op == "Gemm" and ins[2] and n.outputs and n.outputs[0]:
+        c, y = shp(ins[2]), shp(n.outputs[0])
+        if c is not None and y is not None and not _unidirectional(tuple(c), tuple(y)):
+            return f"C '{ins[2]}' {tuple(c)} does not broadcast to the output shape {tuple(y)}"
     elif n.op == "Reshape" and ins[0] and n.outputs and n.outputs[0]:
         x, y = shp(ins[0]), shp(n.outputs[0])
         if x is not None and y is not None and int(np.prod(x)) != int(np.prod(y)):

@@ -39,11 +39,17 @@ ONNX_TO_NP = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16,
 class ShapeValueError(TensorplanError):
     """A shape-controlling input value (a shape, step, size, scale, k, repeat count) that the op
     cannot use. The message names the node, op, input and value, and nothing else: the value may be
-    one tensorplan's import probe chose for a runtime input, so it never says the model is wrong."""
+    one tensorplan's import probe chose for a runtime input, so it never says the model is wrong.
+    `.node` and `.op` name the node (the importer turns a probe's failure into a data-dependent
+    shape error naming them)."""
+
+    def __init__(self, message: str, node: str = "", op: str = ""):
+        super().__init__(message)
+        self.node, self.op = node, op
 
 
 def _bad_value(node: Node, what: str) -> ShapeValueError:
-    return ShapeValueError(f"node '{node.name}' ({node.op}): {what}")
+    return ShapeValueError(f"node '{node.name}' ({node.op}): {what}", node.name, node.op)
 
 
 def current_opset() -> int:
@@ -636,6 +642,9 @@ def _squeeze(node, x):
     axes = _ints(x[1]) if _opt(x, 1) is not None else _a(node, "axes")
     if axes is None:
         return [np.squeeze(v).copy()]
+    axes = [int(a) for a in np.atleast_1d(axes)]
+    if any(not -v.ndim <= a < v.ndim or v.shape[a % v.ndim] != 1 for a in axes):
+        raise _bad_value(node, f"axes {axes} must name dimensions of size 1 of the input {v.shape}")
     return [np.squeeze(v, axis=tuple(a % v.ndim for a in axes)).copy()]
 
 
@@ -718,8 +727,14 @@ def _gather_el(node, x):
 def _gather_nd(node, x):
     v, idx = x
     b = int(_a(node, "batch_dims", 0))
-    if b != 0:
-        raise TensorplanError(f"node '{node.name}' (GatherND): batch_dims={b} is not supported")
+    if b != 0:  # one GatherND per batch entry (the leading b dims of data and indices agree)
+        bshape = v.shape[:b]
+        vb = v.reshape((-1,) + v.shape[b:])
+        ib = idx.reshape((-1,) + idx.shape[b:])
+        sub = Node(node.name, node.op, node.inputs, node.outputs, {})
+        parts = [_gather_nd(sub, [vb[i], ib[i]])[0] for i in range(vb.shape[0])]
+        return [np.stack(parts).reshape(tuple(bshape) + parts[0].shape) if parts else
+                np.zeros(tuple(bshape) + idx.shape[b:-1] + v.shape[b + idx.shape[-1]:], v.dtype)]
     k = idx.shape[-1]
     flat = idx.reshape(-1, k)
     flat = np.where(flat < 0, flat + np.array(v.shape[:k]), flat)
@@ -758,9 +773,17 @@ def _scatter_el(node, x):
     axis = int(_a(node, "axis", 0)) % v.ndim
     out = v.copy()
     idx = np.where(idx < 0, idx + v.shape[axis], idx)
-    if _a(node, "reduction", "none") != "none":
-        raise TensorplanError(f"node '{node.name}' (ScatterElements): reduction not supported")
-    np.put_along_axis(out, idx, upd, axis=axis)
+    red = _a(node, "reduction", "none")
+    if red == "none":
+        np.put_along_axis(out, idx, upd, axis=axis)
+        return [out]
+    ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(red)
+    if ufunc is None:
+        raise TensorplanError(f"node '{node.name}' (ScatterElements): reduction '{red}' is not supported")
+    # full index tuples: idx along `axis`, the element's own position elsewhere (duplicates accumulate)
+    grids = list(np.indices(idx.shape, sparse=False))
+    grids[axis] = idx
+    ufunc.at(out, tuple(grids), upd)
     return [out]
 
 
@@ -1073,7 +1096,19 @@ def _pool_geometry(node: Node, v: np.ndarray) -> tuple[list[int], list[int], lis
     return kernel, strides, dil, pads, extra
 
 
-def _pool(node: Node, v: np.ndarray, kind: str) -> np.ndarray:
+def _window_sum(t, kernel: list[int], strides: list[int], dil: list[int]):
+    """Sum over each (dilated) pooling window: a ones kernel convolved per channel."""
+    torch = _torch()
+    F = torch.nn.functional
+    nd = len(kernel)
+    n, c = t.shape[:2]
+    w = torch.ones((1, 1) + tuple(kernel), dtype=t.dtype)
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+    out = conv(t.reshape((n * c, 1) + tuple(t.shape[2:])), w, stride=strides, dilation=dil)
+    return out.reshape((n, c) + tuple(out.shape[2:]))
+
+
+def _pool(node: Node, v: np.ndarray, kind: str, with_indices: bool = False):
     torch = _torch()
     F = torch.nn.functional
     nd = v.ndim - 2
@@ -1087,9 +1122,22 @@ def _pool(node: Node, v: np.ndarray, kind: str) -> np.ndarray:
             t = F.pad(t, _torch_pad_arg(all_pads), value=-float("inf"))
         fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nd]
         with torch.no_grad():
-            return fn(t, kernel, strides, 0, dil).numpy().astype(v.dtype, copy=False)
-    if any(d != 1 for d in dil):
-        raise TensorplanError(f"node '{node.name}' (AveragePool): dilations are not supported")
+            if not with_indices:
+                return fn(t, kernel, strides, 0, dil).numpy().astype(v.dtype, copy=False)
+            out, idx = fn(t, kernel, strides, 0, dil, return_indices=True)
+        # torch: flat index into the padded plane -> ONNX: flat index into the whole input tensor,
+        # spatial dims row-major (storage_order 0) or column-major (1)
+        padded = tuple(t.shape[2:])
+        coords = np.unravel_index(idx.numpy().astype(np.int64), padded)
+        coords = [coords[i] - pads[i] for i in range(nd)]
+        sp = list(v.shape[2:])
+        if int(_a(node, "storage_order", 0)):
+            flat = np.ravel_multi_index(tuple(reversed(coords)), tuple(reversed(sp)))
+        else:
+            flat = np.ravel_multi_index(tuple(coords), tuple(sp))
+        plane = int(np.prod(sp, dtype=np.int64))
+        nc = np.arange(v.shape[0] * v.shape[1], dtype=np.int64).reshape(v.shape[:2] + (1,) * nd)
+        return out.numpy().astype(v.dtype, copy=False), (flat + nc * plane).astype(np.int64)
     include = bool(_a(node, "count_include_pad", 0))
     mask = torch.ones((1, 1) + tuple(v.shape[2:]), dtype=t.dtype)
     if any(all_pads):
@@ -1101,17 +1149,20 @@ def _pool(node: Node, v: np.ndarray, kind: str) -> np.ndarray:
             mask = F.pad(mask, _torch_pad_arg(all_pads), value=0.0)
     fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nd]
     with torch.no_grad():
-        s = fn(t.double(), kernel, strides, 0)
-        c = fn(mask.double(), kernel, strides, 0)
+        if any(d != 1 for d in dil):
+            s = _window_sum(t.double(), kernel, strides, dil)
+            c = _window_sum(mask.double(), kernel, strides, dil)
+        else:
+            s = fn(t.double(), kernel, strides, 0)
+            c = fn(mask.double(), kernel, strides, 0)
     return (s / c).to(t.dtype).numpy()
 
 
 @register("MaxPool")
 def _maxpool(node, x):
-    out = _pool(node, x[0], "max")
     if len(node.outputs) > 1 and node.outputs[1]:
-        raise TensorplanError(f"node '{node.name}' (MaxPool): the Indices output is not supported")
-    return [out]
+        return list(_pool(node, x[0], "max", with_indices=True))
+    return [_pool(node, x[0], "max")]
 
 
 @register("AveragePool")
@@ -1129,6 +1180,79 @@ def _gap(node, x):
 def _gmp(node, x):
     v = x[0]
     return [v.max(axis=tuple(range(2, v.ndim)), keepdims=True)]
+
+
+@register("Swish")
+def _swish(node, x):
+    a = float(_a(node, "alpha", 1.0))
+    v = x[0]
+    return [(v * _sigmoid(v * np.asarray(a, v.dtype))).astype(v.dtype)]
+
+
+@register("CenterCropPad")
+def _center_crop_pad(node, x):
+    """Crop (centred, the extra element off the end) or zero-pad each axis to `shape`."""
+    v = x[0]
+    shape = _ints(x[1])
+    axes = [int(a) % v.ndim for a in _a(node, "axes", list(range(v.ndim)))]
+    if len(shape) != len(axes) or any(d < 0 for d in shape):
+        raise _bad_value(node, f"shape {shape} must be {len(axes)} non-negative sizes")
+    new = list(v.shape)
+    crop = [slice(None)] * v.ndim
+    put = [slice(None)] * v.ndim
+    for a, sh in zip(axes, shape):
+        dim = v.shape[a]
+        new[a] = sh
+        if sh < dim:
+            crop[a] = slice((dim - sh) // 2, (dim - sh) // 2 + sh)
+        elif sh > dim:
+            put[a] = slice((sh - dim) // 2, (sh - dim) // 2 + dim)
+    out = np.zeros(new, dtype=v.dtype)
+    out[tuple(put)] = v[tuple(crop)]
+    return [out]
+
+
+def _nll_core(node: Node, logp: np.ndarray, target: np.ndarray, weight) -> np.ndarray:
+    """NegativeLogLikelihoodLoss of log-probabilities [N, C, d...] and class ids [N, d...]."""
+    red = _a(node, "reduction", "mean")
+    red = red.decode() if isinstance(red, bytes) else red
+    ign = _a(node, "ignore_index", None)
+    n, c = logp.shape[:2]
+    x3 = logp.astype(np.float64).reshape(n, c, -1)
+    t2 = target.astype(np.int64).reshape(n, -1)
+    keep = t2 != ign if ign is not None else np.ones(t2.shape, dtype=bool)
+    ts = np.where(keep, t2, 0)
+    if ts.size and (ts.min() < 0 or ts.max() >= c):
+        raise TensorplanError(f"node '{node.name}' ({node.op}): a target class id is outside 0..{c - 1}")
+    loss = np.where(keep, -np.take_along_axis(x3, ts[:, None, :], axis=1)[:, 0, :], 0.0)
+    loss = loss.reshape(target.shape)
+    w = None
+    if weight is not None:
+        w = np.where(keep, np.asarray(weight, np.float64)[ts], 0.0).reshape(target.shape)
+    elif ign is not None:
+        w = keep.astype(np.float64).reshape(target.shape)
+    if w is not None:
+        loss = loss * w
+        if red == "mean":
+            return np.asarray(loss.sum() / w.sum()).astype(logp.dtype)
+    if red == "mean":
+        loss = np.asarray(loss.mean())
+    elif red == "sum":
+        loss = np.asarray(loss.sum())
+    return loss.astype(logp.dtype)
+
+
+@register("NegativeLogLikelihoodLoss")
+def _nll(node, x):
+    return [_nll_core(node, x[0], x[1], _opt(x, 2))]
+
+
+@register("SoftmaxCrossEntropyLoss")
+def _sce(node, x):
+    v = x[0].astype(np.float64)
+    m = v.max(axis=1, keepdims=True)
+    logp = (v - m - np.log(np.exp(v - m).sum(axis=1, keepdims=True))).astype(x[0].dtype)
+    return [_nll_core(node, logp, x[1], _opt(x, 2)), logp]
 
 
 @register("MaxUnpool")
@@ -1162,7 +1286,7 @@ def _maxunpool(node, x):
 # ---------------------------------------------------------------- resize
 def _resize_taps(mode: str, coord_mode: str, nearest_mode: str, in_size: int, out_size: int,
                  scale: float, cubic_a: float, exclude_outside: bool,
-                 roi: tuple[float, float] | None, extrapolation: float
+                 roi: tuple[float, float] | None, extrapolation: float, antialias: bool = False
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Per-output (indices, weights) along one axis; weights rows sum to 1 (nearest: 1 tap)."""
     o = np.arange(out_size, dtype=np.float64)
@@ -1203,6 +1327,8 @@ def _resize_taps(mode: str, coord_mode: str, nearest_mode: str, in_size: int, ou
             idx = np.floor(xo + 0.5)
         idx = np.clip(idx, 0, in_size - 1).astype(np.int64)[:, None]
         return idx, np.ones_like(idx, dtype=np.float64), outside
+    if antialias and mode in ("linear", "cubic") and scale < 1.0:
+        return _antialias_taps(mode, xo, in_size, scale, cubic_a, exclude_outside) + (outside,)
     if mode == "linear":
         xc = np.clip(xo, 0, in_size - 1) if coord_mode != "tf_crop_and_resize" else xo
         x0 = np.floor(xc)
@@ -1227,6 +1353,42 @@ def _resize_taps(mode: str, coord_mode: str, nearest_mode: str, in_size: int, ou
         idx = np.clip(pos, 0, in_size - 1).astype(np.int64)
         return idx, w, outside
     raise TensorplanError(f"Resize: mode '{mode}' is not supported")
+
+
+def _antialias_taps(mode: str, xo: np.ndarray, in_size: int, scale: float, cubic_a: float,
+                    exclude_outside: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Downsampling taps with antialias: the linear / cubic kernel stretched by 1/scale (the ONNX
+    reference's construction: footprint, neighbour choice and normalisation)."""
+    xi = np.floor(xo)
+    ratio = np.where(xo == xi, 1.0, xo - xi)
+    if mode == "linear":
+        start = int(np.floor(-1 / scale) + 1)
+        n = 2 - 2 * start
+        args = (np.arange(start, start + n)[None, :] - ratio[:, None]) * scale
+        w = np.clip(1 - np.abs(args), 0, 1)
+    else:
+        start = int(np.floor(-2 / scale) + 1)
+        n = (2 - start) - start
+        d = np.abs(scale * (np.arange(start, start + n)[None, :] - ratio[:, None]))
+        a = cubic_a
+        w = np.where(d <= 1, (a + 2) * d ** 3 - (a + 3) * d ** 2 + 1,
+                     np.where(d < 2, a * d ** 3 - 5 * a * d ** 2 + 8 * a * d - 4 * a, 0.0))
+    w = w / w.sum(axis=1, keepdims=True)
+    pad = int(np.ceil(n / 2))
+    xp = xo + pad
+    p = np.floor(xp).astype(np.int64)
+    frac = xp - p
+    if n % 2 == 0:
+        off = np.where(frac == 0, -(n // 2), -(n // 2) + 1)
+    else:
+        base = -((n - 1) // 2)
+        off = np.where(frac <= 0.5, base, base + 1)
+    idx = (p + off)[:, None] + np.arange(n)[None, :] - pad
+    if exclude_outside:
+        w = np.where((idx < 0) | (idx >= in_size), 0.0, w)
+        tot = w.sum(axis=1, keepdims=True)
+        w = w / np.where(tot == 0, 1.0, tot)
+    return np.clip(idx, 0, in_size - 1).astype(np.int64), w
 
 
 def resize_geometry(node: Node, in_shape: tuple[int, ...], scales, sizes, axes=None,
@@ -1283,8 +1445,10 @@ def _resize(node, x):
     extrap = float(s("extrapolation_value", 0.0))
     axes = s("axes", None)
     policy = s("keep_aspect_ratio_policy", "stretch")
-    if int(s("antialias", 0)):
-        raise TensorplanError(f"node '{node.name}' (Resize): antialias=1 is not supported")
+    antialias = bool(int(s("antialias", 0)))
+    if antialias and mode == "nearest":
+        raise TensorplanError(f"node '{node.name}' (Resize): antialias=1 with mode 'nearest' is not "
+                              "defined; use mode 'linear' or 'cubic'")
     r = v.ndim
     axes, full_scales, out_shape = resize_geometry(node, tuple(v.shape), scales, sizes, axes, policy)
     roi_v = None if roi is None or np.asarray(roi).size == 0 else np.asarray(roi, np.float64).reshape(-1)
@@ -1298,7 +1462,7 @@ def _resize(node, x):
             if k is not None:
                 ra = (roi_v[k], roi_v[k + len(axes)])
         idx, w, outside = _resize_taps(mode, coord, nearest_mode, v.shape[a], out_shape[a],
-                                       full_scales[a], cubic_a, excl, ra, extrap)
+                                       full_scales[a], cubic_a, excl, ra, extrap, antialias)
         acc = None
         for tap in range(idx.shape[1]):
             part = np.take(out, idx[:, tap], axis=a)
@@ -1407,7 +1571,8 @@ def run_reference(graph: Graph, feeds: dict[str, np.ndarray],
                         raise ShapeValueError(
                             f"node '{n.name}' ({n.op}): output '{name}' has shape {tuple(np.shape(val))} "
                             f"on these inputs but {tuple(t.shape)} in the imported graph; its shape "
-                            "depends on input values — make the shape-controlling inputs constants")
+                            "depends on input values — make the shape-controlling inputs constants",
+                            n.name, n.op)
             if not keep_all:
                 for i in n.inputs:
                     if i and last_use.get(i) == k and i not in keep and \

@@ -6,8 +6,10 @@ independently of the solver that produced it (`verify`). Schema
 
 ```
 {"schema": "tensorplan.korch/1",
- "source": {"model": spec, "opset": 17, "input_shapes": {...}, "fingerprint": <rewritten graph>,
-            "prim_fingerprint": <primitive graph>, "num_primitives": N, "opaque": [[node, op], ...]},
+ "source": {"model": ONNX path | zoo name, "onnx": <absolute path>, "onnx_sha256": <content hash>,
+            "made_from": <factory spec, information only>, "opset": 17, "input_shapes": {...},
+            "fingerprint": <rewritten graph>, "prim_fingerprint": <primitive graph>, "num_primitives": N,
+            "opaque": [[node, op], ...]},
  "device": {...DeviceSpec.to_dict()},
  "kernels": [{"id": "k0", "candidate": 17, "nodes": [...], "inputs": [...], "outputs": [...],
               "kind": "memory"|"linear"|"opaque"|"region", "backend": "tvm"|"torch"|"ort"|"reference"|"",
@@ -20,9 +22,17 @@ independently of the solver that produced it (`verify`). Schema
  "stats": {...}, "options": {...}}
 ```
 
+A plan is data and never names code: a PyTorch factory (`file.py:factory`) is resolved when the
+plan is made, and the plan keeps the exported ONNX file's path and content hash; a plan naming a
+factory, or whose ONNX file's hash differs, is refused unrun. Every field is type- and
+range-checked when read (`from_dict`: one PlanError naming the field and kernel), and every command
+that uses a plan verifies it against its model first (`check`: fingerprints, node names, kernel
+cover, no kernel twice, buffers; `load_plan` does it on reading).
+
 A plan keeps its model's graphs in memory: the pipeline that makes it hands over the model as
 loaded, the rewritten graph and the primitive graph; a plan read from a file derives them once,
-on first use, from `source` (refusing when the primitive graph's fingerprint no longer matches).
+on first use, from `source` (refusing when a fingerprint no longer matches). ONNX Runtime's
+reference runs the model file as given (`reference_model`), never tensorplan's import of it.
 `plan.run(feeds)` compiles and runs it on this machine, `plan.export(path)` writes it as one ONNX
 file for stock ONNX Runtime, `plan.save(path)` / `load_plan(path)` round-trip it as JSON.
 """
@@ -368,10 +378,11 @@ class Plan:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, *, check: bool = True) -> "Plan":
-        """A plan saved with `save`, verified against its model (`check()`: its graphs are derived
-        again from the model's ONNX file, whose hash the plan recorded). `check=False` reads and
-        type-checks the file only (the plan is checked when it runs or is exported)."""
+    def load(cls, path: str | Path, *, check: bool = False) -> "Plan":
+        """A plan saved with `save`: the file read and every field type-checked (`from_dict`); with
+        `check`, also verified against its model (`check()`: its graphs derived again from the
+        model's ONNX file, whose hash the plan recorded), as `load_plan` does. Without it the plan
+        is verified when it first runs or is exported."""
         path = Path(path)
         if path.is_dir():
             raise PlanError(f"plan file '{path}' is a directory")
@@ -624,7 +635,7 @@ def model_origin(graph: Graph) -> dict[str, Any]:
 def load_plan(path: str | Path) -> Plan:
     """A plan saved by `plan.save` / `tensorplan orchestrate -o`, verified against its model
     (`Plan.load`): PlanError naming the field or kernel at fault otherwise."""
-    return Plan.load(path)
+    return Plan.load(path, check=True)
 
 
 @dataclass
@@ -768,8 +779,9 @@ def _check_region(source: Graph, k: PlanKernel) -> None:
     if not ops:
         raise PlanError(f"region kernel '{k.id}' names no operators (plan field schedule.operators)")
     ins, _ = kernel_io(source, ops, k.id, what="operator")
-    produced = {o for n in source.nodes if n.name in set(ops) for o in n.outputs if o}
-    extra = [i for i in ins if i not in set(k.inputs)]
+    members, declared = set(ops), set(k.inputs)
+    produced = {o for n in source.nodes if n.name in members for o in n.outputs if o}
+    extra = [i for i in ins if i not in declared]
     missing = [o for o in k.outputs if o not in produced]
     if extra or missing:
         raise PlanError(f"region kernel '{k.id}': its operators (plan field schedule.operators) "

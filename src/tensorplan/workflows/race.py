@@ -126,6 +126,7 @@ def whole_graph_inductor(plan: Plan, threads: int | None = None) -> Plan:
                                 predicted_s=float(solo), backend="torch-inductor",
                                 schedule={"device": "cpu", "whole_graph": True})]
     whole.order = ["k0"]
+    whole.buffers, whole.slots = [], []       # the BLP plan's buffers: planned again below
     whole.solver = {**plan.solver, "finalist": "inductor-whole-graph"}  # the BLP it was raced against
     regions = dict(plan.stats.get("ort_regions") or {})
     regions.update(selected=0, kernels_after_merge=0, primitives=0)
