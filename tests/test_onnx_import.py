@@ -623,3 +623,12 @@ def test_unhonoured_attributes_of_newer_versions_are_refused():
     with pytest.raises(ModelImportError, match=r"'dq' \(DequantizeLinear\).*version 23 attribute "
                                                r"output_dtype"):
         import_onnx(m)
+
+
+def test_reference_can_declare_the_versions_it_implements(monkeypatch):
+    from tensorplan.ir import reference
+    monkeypatch.setattr(reference, "OP_VERSIONS", {"TopK": (1, 11)}, raising=False)
+    with pytest.raises(ModelImportError, match=r"\(TopK\): TopK version 24 \(opset 24\) is newer than "
+                                               r"tensorplan implements \(TopK up to version 11\)"):
+        import_onnx(_newest_opset_model(24))
+    assert import_onnx(_newest_opset_model(22)).opset == 22  # TopK 11 there

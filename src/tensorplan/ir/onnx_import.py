@@ -1,13 +1,19 @@
-"""ONNX -> static-shape `Graph` (default-domain opsets 11..26: 26 is the newest the pinned ONNX
-Runtime 1.31 loads; `MIN_OPSET`, `MAX_OPSET`).
+"""ONNX -> static-shape `Graph`, for default-domain opsets 11..26 (`MIN_OPSET`, `MAX_OPSET`;
+26 is the newest opset the pinned ONNX Runtime 1.31 loads, 27 it refuses).
 
-Steps: load (errors name the file) -> check opset/domains and each node's operator version
-(a version newer than the reference executor implements, or a new attribute it does not
-honour, is an error naming the node, op and version) -> inline local functions
-and constant-condition `If`s -> repeat {onnx shape inference (strict, data_prop) on a
-weight-free skeleton; fold every node whose inputs are constant, and `Shape`/`Size` of
-static tensors} until nothing changes -> shapes left unknown are found by running the
-reference executor on zeros -> every tensor has a static shape.
+Steps: load (errors name the file) -> check the opset, domains and each node's operator version
+(a version newer than the reference executor implements, or an attribute of a newer version it
+does not honour, is an error naming the node, op and version) -> inline local functions ->
+validate as strictly as ONNX Runtime: onnx's checker (op schemas, attribute types, arity) and
+strict type and shape inference with data propagation on the model as given, so declared output
+and value_info shapes that contradict the computed ones are errors -> inline constant-condition
+`If`s -> repeat {onnx shape inference (strict, data_prop) on a weight-free skeleton; fold every
+node whose inputs are constant, and `Shape`/`Size` of static tensors} until nothing changes ->
+shapes left unknown are found by running the reference executor on zeros -> every tensor has a
+static shape -> the shape rules onnx's inference skips but ONNX Runtime enforces when it runs
+(convolution channels, groups, kernel_shape and bias; Reshape element counts; normalization,
+PRelu, Gemm and quantization parameter sizes; axis ranges; constant Gather indices) -> nodes left
+to ONNX Runtime must load there. Every refusal is one `ModelImportError` naming the node and op.
 
 Dynamic models become static with `input_shapes` (`--input-shape x=1,3,224,224`);
 a symbolic input dimension without an override is an error that names it.
@@ -26,6 +32,7 @@ from onnx import helper, numpy_helper
 from tensorplan.errors import ModelImportError, TensorplanError, UnsupportedOperatorError
 from tensorplan.ir.graph import Graph, Node, Tensor, unique_name
 from tensorplan.ir.ort_node import ort_has_kernel
+from tensorplan.ir import reference as _reference
 from tensorplan.ir.reference import ONNX_TO_NP, OPS, _OPSET, is_foreign, run_node, run_reference
 
 MIN_OPSET, MAX_OPSET = 11, 26
@@ -453,13 +460,21 @@ _UNHONOURED = {"DequantizeLinear": _dequant_unhonoured, "Cast": _cast_unhonoured
 
 
 def _check_version(where: str, op: str, domain: str, opset: int, attrs: dict) -> None:
-    """A default-domain op the reference executor runs must be at a version it implements."""
+    """A default-domain op the reference executor runs must be at a version it implements: at
+    most `_REVIEWED_OPSET`'s, within `reference.OP_VERSIONS[op] = (lowest, highest)` where the
+    reference declares a range, and with no attribute of a newer version it ignores."""
     if domain not in _DEFAULT_DOMAINS or op not in OPS:
         return  # foreign ops run in ONNX Runtime, which checks its own versions
     v = _op_versions(op, opset)
     if v is None:
         return  # unknown op at this opset: the checker names it
     since, floor = v
+    lo, hi = getattr(_reference, "OP_VERSIONS", {}).get(op, (floor, _REVIEWED_OPSET))
+    if since > hi:  # the reference executor declares the newest version it implements
+        raise ModelImportError(
+            f"{where}: {op} version {since} (opset {opset}) is newer than tensorplan implements "
+            f"({op} up to version {hi}); re-export at an opset where {op} is version {hi} or older")
+    floor = max(floor, lo)
     if since < floor:
         raise ModelImportError(
             f"{where}: {op} version {since} (in effect at opset {opset}) is older than "
