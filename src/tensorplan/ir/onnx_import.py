@@ -30,9 +30,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tensorplan.errors import ModelImportError, TensorplanError, UnsupportedOperatorError
+from tensorplan.ir import reference as _reference
 from tensorplan.ir.graph import Graph, Node, Tensor, unique_name
 from tensorplan.ir.ort_node import ort_has_kernel
-from tensorplan.ir import reference as _reference
 from tensorplan.ir.reference import ONNX_TO_NP, OPS, _OPSET, is_foreign, run_node, run_reference
 
 MIN_OPSET, MAX_OPSET = 11, 26
