@@ -858,16 +858,27 @@ def _fill_missing_shapes(st: _State, strict_err: str | None, unsupported: list) 
     # Run the graph on zeros to learn the remaining shapes (data-dependent ops included).
     g = _graph_from_state(st, with_shapes=False)
     feeds = {i: np.zeros(st.input_types[i][1], dtype=st.input_types[i][0]) for i in st.inputs}
-    try:
-        env = run_reference(g, feeds, keep_all=True)
-    except TensorplanError as e:
-        msg = f"{st.label}: cannot determine static shapes"
-        if strict_err:
-            msg += f" (shape inference: {strict_err})"
-        raise ModelImportError(f"{msg}: {e}") from None
+    from tensorplan.ir.reference import ShapeValueError, random_feeds
+
+    def probe(values: dict, which: str) -> dict:
+        """Run the graph on probe inputs; a shape value the probe itself may have made up (a zero
+        step, a random size) is reported as a data-dependent shape, never as a fault of the model."""
+        try:
+            return run_reference(g, values, keep_all=True)
+        except ShapeValueError as e:
+            raise ModelImportError(
+                f"{st.label}: node '{e.node}' ({e.op}) has a shape that depends on runtime input values "
+                f"(with the {which} tensorplan tried for the inputs: {e}); tensorplan needs static shapes "
+                "— make the shape-controlling inputs constants") from None
+        except TensorplanError as e:
+            msg = f"{st.label}: cannot determine static shapes"
+            if strict_err:
+                msg += f" (shape inference: {strict_err})"
+            raise ModelImportError(f"{msg}: {e}") from None
+
+    env = probe(feeds, "zeros")
     # A second run on other values: a shape that changes is data-dependent, not static.
-    from tensorplan.ir.reference import random_feeds
-    env2 = run_reference(g, random_feeds(g, seed=1), keep_all=True)
+    env2 = probe(random_feeds(g, seed=1), "random values")
     producer = {o: n for n in st.nodes for o in n.outputs if o}
     for o in missing:
         if o not in env:
