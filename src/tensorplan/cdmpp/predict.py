@@ -364,8 +364,8 @@ def _floor_check(res: "NetworkPrediction") -> None:
         f"'{res.domain}' ({spec.peak_fp32_gflops:g} GFLOP/s, {spec.mem_bw_gbs:g} GB/s): {names}"
         + (f"; the total too ({1e3 * res.total_s:.4g} ms < floor {1e3 * floor:.4g} ms)" if res.total_below_floor
            else "")
-        + ". Such a prediction is faster than the device can run: the model extrapolates there, or the device's "
-          "figures are too low (a warm cache can beat the DRAM bandwidth term).")
+        + ". Such a prediction is faster than the device can run: the model extrapolates there (check it with "
+          "--measure on this CPU, or calibrate), or the device's figures (peak, bandwidth, cache sizes) are wrong.")
 
 def task_schedules(task, target=None, n: int = 1, tries: int = 8) -> list[tuple]:
     """The first `n` valid meta-schedule design-space samples of a task among draws 0..tries-1 ->

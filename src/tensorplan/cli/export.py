@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
                                    help="Compare its outputs with ONNX Runtime on the original model."),
         tol: float = typer.Option(None, help="Max relative error accepted by --check (default: 1e-4 for fp32 "
                                              "outputs, 8 machine epsilons for fp16/bf16)."),
-        rounds: int = typer.Option(15, help="Interleaved timing rounds, original vs exported (0: no timing)."),
+        rounds: int = typer.Option(15, min=0, help="Interleaved timing rounds, original vs exported (0: no timing)."),
         input_shape: list[str] = input_shape_option(),
         opset: int = typer.Option(17, help="Opset of a zoo or PyTorch export (plans and ONNX files keep theirs)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),

@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
                                                  "spec file saved with `tensorplan devices --save`."),
         input_shape: list[str] = input_shape_option(),
         opset: int = typer.Option(17, help="Opset of a zoo or PyTorch export (ONNX files keep theirs)."),
-        max_nodes: int = typer.Option(8, "--max-nodes", help="Size cap of a fused kernel (primitives)."),
+        max_nodes: int = typer.Option(8, "--max-nodes", min=1, help="Size cap of a fused kernel (primitives)."),
         max_reduces: int = typer.Option(2, "--max-reduces", help="Max reduce primitives per kernel (-1: no cap)."),
         no_recompute: bool = typer.Option(False, "--no-recompute", help="Forbid recomputing primitives."),
         linear_epilogue: bool = typer.Option(False, "--linear-epilogue",
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         regions: bool = typer.Option(True, "--regions/--no-regions",
                                      help="Also offer ONNX Runtime regions (runs of original operators as one "
                                           "session) to the BLP; needs --cost measured."),
-        region_segments: int = typer.Option(8, "--region-segments",
+        region_segments: int = typer.Option(8, "--region-segments", min=1,
                                             help="Longest region, in linear-operator segments (dyadic beyond)."),
         kernel_overhead: float = typer.Option(0.0, "--kernel-overhead",
                                               help="Seconds added per kernel in the BLP objective: what a kernel "
@@ -57,13 +57,13 @@ def register(app: typer.Typer) -> None:
         race_inductor: bool = typer.Option(True, "--race-inductor/--no-race-inductor",
                                            help="Also race the whole rewritten graph as one PyTorch Inductor "
                                                 "program (CPU plans; compiling it adds time)."),
-        race_rounds: int = typer.Option(15, "--race-rounds", help="Interleaved rounds of the race."),
+        race_rounds: int = typer.Option(15, "--race-rounds", min=1, help="Interleaved rounds of the race."),
         race_margin: float = typer.Option(0.10, "--race-margin",
                                           help="A plan with more kernels is kept only if it beats every "
                                                "fewer-kernel finalist by this fraction."),
         threads: int = typer.Option(None, "--threads", help="Threads kernels are timed and plans raced with "
                                     "(default: the device's; every usable core for local)."),
-        jobs: int = typer.Option(1, "--jobs", help="With torch-built kernels (--device cuda, --cost torch): "
+        jobs: int = typer.Option(1, "--jobs", min=1, help="With torch-built kernels (--device cuda, --cost torch): "
                                  "processes that pre-compile the candidates in parallel."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
     ) -> None:

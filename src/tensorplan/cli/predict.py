@@ -33,9 +33,8 @@ def _print_prediction(p, measure: bool) -> None:
                     f"default (untuned) schedules{rng}")
     spread = all(k.log_spread is not None for k in p.kernels)
     tuned = bool(p.tuned)
-    floor = all(k.floor_s is not None for k in p.kernels)
-    cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["floor µs"] if floor else []) + (
-        ["spread ×"] if spread else []) + (
+    # a kernel predicted below its roofline floor is marked * (each floor is in --json)
+    cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + (
         ["meas µs", "pred/meas"] if measure else []) + ["× calls µs", "share"] + (
         ["tuned pred µs"] + (["tuned meas µs"] if measure else []) if tuned else [])
     for c in cols:
@@ -46,7 +45,6 @@ def _print_prediction(p, measure: bool) -> None:
         extra = [f"{math.exp(k.log_spread):.2f}"] if spread else []
         d = k.default
         pred = f"{d.predicted_s * 1e6:.1f}" + ("[bold red]*[/]" if k.below_floor else "")
-        fl = [f"{k.floor_s * 1e6:.2f}"] if floor else []
         if measure:
             extra += ([f"{d.measured_s * 1e6:.1f}", f"{d.predicted_s / d.measured_s:.2f}"] if d.measured_s
                       else [d.measure_error or "-", "-"])
@@ -56,7 +54,7 @@ def _print_prediction(p, measure: bool) -> None:
             if measure:
                 tail.append(f"{k.tuned.measured_s * 1e6:.1f}" if k.tuned.measured_s else (k.tuned.measure_error or "-"))
         name = k.name + (" (loop nest)" if d.kind == "unscheduled" else "")
-        t.add_row(name, str(k.calls), f"{k.flops / 1e6:.2f}", str(k.leaves), pred, *fl, *extra,
+        t.add_row(name, str(k.calls), f"{k.flops / 1e6:.2f}", str(k.leaves), pred, *extra,
                   f"{k.total_s * 1e6:.1f}", f"{100 * k.total_s / tot:.1f}%", *tail)
     con.print(t)
     con.print(f"[dim]{p.what}[/]")

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def run(plan: str = typer.Argument(..., help="Plan JSON written by `tensorplan orchestrate -o` or "
                                                  "`tensorplan demo --save-plan`."),
-            repeats: int = typer.Option(0, "--repeats", "-n", help="Timed runs (0: repeat for ~2 s)."),
+            repeats: int = typer.Option(0, "--repeats", "-n", min=0, help="Timed runs (0: repeat for ~2 s)."),
             threads: int = typer.Option(None, help="Threads for every backend (TVM, ONNX Runtime, torch; default: "
                                                    "what the plan was made with, at most every usable core)."),
             check: bool = typer.Option(True, "--check/--no-check",
