@@ -37,7 +37,7 @@ _COUNT_WORDS = ("repeats", "rounds", "batch", "tasks", "per-task", "epochs", "me
                 "workers", "jobs", "seed", "tuned", "max-nodes", "segments")
 # Count options of commands whose files other work owns (issue 60): each still needs `min=`;
 # remove an entry once its option has one.
-_PENDING = {("predict", "--tuned"), ("calibrate", "--tasks"), ("calibrate", "--per-task")}
+_PENDING: set = set()
 
 
 def _count_options():

@@ -108,7 +108,7 @@ def register(app: typer.Typer) -> None:
                                      "model and predict with the shipped one."),
         input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=D1,D2,... (repeatable): static "
                                               "shapes for a model with symbolic dimensions."),
-        tuned: int = typer.Option(0, "--tuned", help="Also rank each kernel's first N design-space schedules with "
+        tuned: int = typer.Option(0, "--tuned", min=0, help="Also rank each kernel's first N design-space schedules with "
                                   "the model and report the network with the predicted-fastest ones (with --measure: "
                                   "timed too)."),
         save_schedules: Optional[Path] = typer.Option(None, "--save-schedules", help="Write each kernel's "
@@ -134,8 +134,8 @@ def register(app: typer.Typer) -> None:
     def calibrate_cmd(
         threads: int = typer.Option(0, "--threads", help="Thread count to calibrate (default: every usable core, "
                                     "as `predict --device local`)."),
-        tasks: int = typer.Option(40, "--tasks", help="Tasks to select (KMeans over the dataset's programs)."),
-        per_task: int = typer.Option(4, "--per-task", help="Programs timed here per selected task."),
+        tasks: int = typer.Option(40, "--tasks", min=1, help="Tasks to select (KMeans over the dataset's programs)."),
+        per_task: int = typer.Option(4, "--per-task", min=1, help="Programs timed here per selected task."),
         max_mad: float = typer.Option(0.05, "--max-mad", help="Leave out timings whose repeat MAD/median "
                                       "exceeds this."),
         exclude: str = typer.Option("", "--exclude-networks", help="Comma-separated networks whose tasks "

@@ -667,22 +667,8 @@ class RandomForestPredictor:
     def nbytes(self) -> int:
         return len(pickle.dumps(self.forests, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def save(self, path: str | Path) -> None:
-        with open(path, "wb") as f:
-            pickle.dump({"type": self.name, "forests": self.forests}, f, protocol=pickle.HIGHEST_PROTOCOL)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "RandomForestPredictor":
-        with open(path, "rb") as f:
-            d = pickle.load(f)
-        if d.get("type") != cls.name:
-            raise TensorplanError(f"{path}: not a {cls.name} model file")
-        p = cls()
-        p.forests = d["forests"]
-        return p
-
-
-ESTIMATORS = {c.name: c for c in (CodlPredictor, FlopsLinear, RandomForestPredictor)}
+    # No save/load: sklearn forests persist only through pickle, which runs code from the file;
+    # this baseline is refitted from data/codl/ in seconds wherever it is compared.
 
 
 def _read_json(path: str | Path, kind: str) -> dict:
