@@ -249,7 +249,7 @@ def test_winograd_is_exact_on_named_convs(kw):
     _same_outputs(g, r.graph, random_feeds(g), tol=1e-4)
 
 
-@pytest.mark.parametrize("kw", [{"stride": 2}, {"group": 2}, {"kernel": 5, "pads": (2, 2, 2, 2)},
+@pytest.mark.parametrize("kw", [{"stride": 2}, {"group": 2, "k": 6}, {"kernel": 5, "pads": (2, 2, 2, 2)},
                                 {"h": 4, "w": 4, "pads": (0, 0, 0, 0)}])  # output 2x2: less than a tile
 def test_winograd_refuses_convs_it_cannot_compute(kw):
     from tensorplan.rewrite import winograd_convs
