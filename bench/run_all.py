@@ -45,7 +45,7 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("codl-coexec", [PY, "bench/codl_coexec.py"], 10),
     ("codl-simulate", [PY, "bench/codl_simulate.py", "--seeds", "3"], 5),
     # CDMPP and its baselines on the three splits (docs/results.md, "CDMPP: prediction accuracy")
-    ("cdmpp-eval", [TP, "predictor", "evaluate", "--devices", "local-1t,local-2t", "--holdout",
+    ("cdmpp-accuracy", [TP, "predictor", "evaluate", "--devices", "local-1t,local-2t", "--holdout",
                     "efficientvit-b1,tiny-mlp,mobilenet-v2", "--time-scale", "0.625",
                     "--out", "bench/results/cdmpp_eval.json"], 80),
     ("summarize", [PY, "bench/summarize.py"], 0.1),

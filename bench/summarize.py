@@ -640,7 +640,7 @@ def korch_gpu_section() -> list[str]:
             "slower (Python launches each kernel), which is why the runner captures one.", ""]
     return out
 
-#: the CDMPP evaluation: `make bench`'s "cdmpp-eval" step writes the first (the product's models);
+#: the CDMPP evaluation: `make bench`'s "cdmpp-accuracy" step writes the first (the product's models);
 #: until it has run on this checkout, the last published run (research/run_experiments.py "cdmpp-eval",
 #: the same harness with the research variants added) is shown, and the section says which
 CDMPP_EVAL = RES / "cdmpp_eval.json"
@@ -668,11 +668,11 @@ def cdmpp_section() -> list[str]:
     holdout = ",".join(net.get("holdout_networks", []))
     cmd = (f"`python research/cdmpp/evaluate_variants.py --devices local-1t,local-2t --holdout {holdout} "
            f"--time-scale {d.get('time_scale')} --out {path.relative_to(ROOT)}` (the harness of `tensorplan "
-           "predictor evaluate` with the research variants added; `make bench BENCH_ARGS=--only=cdmpp-eval` "
+           "predictor evaluate` with the research variants added; `make bench BENCH_ARGS=--only=cdmpp-accuracy` "
            "reruns the product's models into bench/results/cdmpp_eval.json, which this section then shows)"
            if research else
            f"`tensorplan predictor evaluate --devices local-1t,local-2t --holdout {holdout} --time-scale "
-           f"{d.get('time_scale')} --out {path.relative_to(ROOT)}` (`make bench` step `cdmpp-eval`)")
+           f"{d.get('time_scale')} --out {path.relative_to(ROOT)}` (`make bench` step `cdmpp-accuracy`)")
     out = ["## CDMPP: prediction accuracy", "",
            f"{cmd}. One run, seed {d.get('seed')}, "
            f"on {d['machine'].get('cpu')} ({d['machine'].get('cpus')} cores). MAPE in % on each split's test "

@@ -136,7 +136,8 @@ class TaskRelative(WrappedEstimator):
         if self.booster is None:
             raise TensorplanError("task_relative.save: not fitted")
         return {"booster": bytes(self.booster.save_raw("ubj")), "mix": self.mix,
-                "val_mape_by_mix": self.val_mape_by_mix, "seen": self.seen.tobytes(),
+                "val_mape_by_mix": {str(w): v for w, v in self.val_mape_by_mix.items()},  # str keys: plain data
+                "seen": self.seen.tobytes(),
                 "base": estimator_blob(self._need_base("save"))}
 
     def _set_state(self, st):
@@ -145,5 +146,6 @@ class TaskRelative(WrappedEstimator):
         self.base = estimator_from_blob(st["base"], "task_relative")
         self.booster = xgb.Booster(params=self.base._params())
         self.booster.load_model(bytearray(st["booster"]))
-        self.mix, self.val_mape_by_mix = float(st["mix"]), dict(st.get("val_mape_by_mix") or {})
+        self.mix = float(st["mix"])
+        self.val_mape_by_mix = {float(w): v for w, v in (st.get("val_mape_by_mix") or {}).items()}
         self.seen = np.frombuffer(st.get("seen", b""), dtype=np.uint64).copy()
