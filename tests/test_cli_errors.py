@@ -124,7 +124,9 @@ def test_oserror_while_writing_is_one_line(tmp_path, monkeypatch, capsys):
     (["predictor", "evaluate", "--time-scale", "0"], "--time-scale"),
 ])
 def test_zero_or_negative_counts(args, opt, monkeypatch, capsys):
-    _one_error(*_cli(monkeypatch, capsys, *args), opt)
+    code, out = _cli(monkeypatch, capsys, *args)
+    assert code == 2 and opt in out, out            # refused before any work, naming the option
+    _one_error(code, out, opt)
 
 
 # ---- models that cannot run here ------------------------------------------------------------------------

@@ -4,6 +4,7 @@ Why one place: every command that takes a model accepts every form `tensorplan.l
 says so in the same words."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -75,3 +76,21 @@ def thread_counts(text: str, option: str = "--threads") -> list[int]:
     if not counts or min(counts) < 1:
         raise TensorplanError(f"{option}: each thread count must be at least 1, got {text!r}")
     return counts
+
+
+@contextmanager
+def one_line_errors():
+    """A `TensorplanError` (or an output that cannot be written) inside a command becomes one line
+    on stderr and exit code 2, as `tensorplan.cli.main` prints it, also where the app is invoked
+    without `main` (typer's CliRunner)."""
+    from tensorplan.cli import _error, os_error_message
+    from tensorplan.errors import TensorplanError
+
+    try:
+        yield
+    except TensorplanError as e:
+        _error(str(e))
+        raise typer.Exit(2) from None
+    except OSError as e:
+        _error(os_error_message(e))
+        raise typer.Exit(2) from None

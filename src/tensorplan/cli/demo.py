@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         Runtime and torch.compile, interleaved."""
         import tensorplan as tp
 
-        from tensorplan.cli.run import one_line_errors
+        from tensorplan.cli.common import one_line_errors
         from tensorplan.errors import TensorplanError
         con = Console(stderr=as_json)
         with one_line_errors():

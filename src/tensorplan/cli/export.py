@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         import tensorplan as tp
         con = Console(stderr=True)
         log = None if as_json else (lambda msg: con.print(f"[dim]{msg}[/]"))
-        from tensorplan.cli.run import one_line_errors
+        from tensorplan.cli.common import one_line_errors
         from tensorplan.errors import TensorplanError
         with one_line_errors(), con.status(f"exporting {target} ..."):
             output_file(output, "--output")

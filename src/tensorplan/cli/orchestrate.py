@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         """Fission, candidate kernels, measured costs, BLP, end-to-end race: a verified plan."""
         import tensorplan as tp
 
-        from tensorplan.cli.run import one_line_errors
+        from tensorplan.cli.common import one_line_errors
         from tensorplan.errors import TensorplanError
         err = Console(stderr=True)
         with one_line_errors():

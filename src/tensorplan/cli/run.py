@@ -4,7 +4,6 @@ Parses, makes one call (`tensorplan.load_plan(path).run(...)`) and prints its re
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 
 import typer
 from rich.console import Console
@@ -12,21 +11,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from tensorplan.errors import TensorplanError
-
-
-@contextmanager
-def one_line_errors():
-    """A `TensorplanError` inside a command becomes one line on stderr and exit code 2, no
-    traceback, also where the app is invoked without `tensorplan.cli.main` (typer's CliRunner)."""
-    try:
-        yield
-    except TensorplanError as e:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(e))}")
-        raise typer.Exit(2) from None
-    except OSError as e:   # an output that cannot be written: as `tensorplan.cli.main` says it
-        from tensorplan.cli import os_error_message
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(os_error_message(e))}")
-        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -46,6 +30,8 @@ def register(app: typer.Typer) -> None:
         """Run a plan on this machine: median latency, predicted vs measured, max error vs ORT."""
         import tensorplan as tp
         con = Console(stderr=True)
+        from tensorplan.cli.common import one_line_errors
+
         with one_line_errors():
             if repeats < 0:
                 raise TensorplanError(f"--repeats {repeats}: give a count >= 1 (or 0 to repeat for ~2 s)")

@@ -707,20 +707,22 @@ def _slice(node, x):
     return [v[tuple(sl)].copy()]
 
 
+def _gather_axis(node, v, idx):
+    """(axis, indices with negatives counted from the end) of a Gather-like node."""
+    axis = int(_a(node, "axis", 0)) % v.ndim
+    return axis, np.where(idx < 0, idx + v.shape[axis], idx)
+
+
 @register("Gather")
 def _gather(node, x):
-    v, idx = x
-    axis = int(_a(node, "axis", 0)) % v.ndim
-    idx = np.where(idx < 0, idx + v.shape[axis], idx)
-    return [np.take(v, idx, axis=axis)]
+    axis, idx = _gather_axis(node, *x)
+    return [np.take(x[0], idx, axis=axis)]
 
 
 @register("GatherElements")
 def _gather_el(node, x):
-    v, idx = x
-    axis = int(_a(node, "axis", 0)) % v.ndim
-    idx = np.where(idx < 0, idx + v.shape[axis], idx)
-    return [np.take_along_axis(v, idx, axis=axis)]
+    axis, idx = _gather_axis(node, *x)
+    return [np.take_along_axis(x[0], idx, axis=axis)]
 
 
 @register("GatherND")
