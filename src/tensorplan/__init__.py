@@ -3,6 +3,7 @@
 `import tensorplan as tp`; every CLI command is one call in this API:
 
     graph = tp.load("resnet-50")                  # ONNX path, zoo name, pkg.mod:factory, file.py:factory
+    plan = tp.optimize(graph, budget_s=600)       # `tensorplan optimize`: predicted costs, lazy measurement
     plan = tp.orchestrate(graph, device="local")  # what `tensorplan orchestrate` does, race included
     plan.save("r50.plan.json"); plan = tp.load_plan("r50.plan.json")
     result = plan.run()                           # `tensorplan run`
@@ -38,6 +39,8 @@ _LAZY = {
     # kernel orchestration (Korch) and plans
     "fission": ("tensorplan.korch.fission", "fission"),
     "orchestrate": ("tensorplan.workflows.orchestrate", "orchestrate"),
+    "optimize": ("tensorplan.workflows.optimize", "optimize"),
+    "OptimizeSummary": ("tensorplan.workflows.optimize", "OptimizeSummary"),
     "Plan": ("tensorplan.runtime.plan", "Plan"),
     "load_plan": ("tensorplan.runtime.plan", "load_plan"),
     "RunResult": ("tensorplan.runtime.executor", "RunResult"),

@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "inspect",
     "demo",
     "orchestrate",
+    "optimize",
     "coexec",
     "run",
     "export",

@@ -60,7 +60,7 @@ def make_cost(cost: Any, spec: Any, store: Any = None, threads: int | None = Non
 
 
 @dataclass
-class _Problem:
+class Problem:
     """Everything before the solve, shared by the BLP's plan and its finalists."""
 
     model: Graph                 # as loaded
@@ -78,6 +78,9 @@ class _Problem:
     timing: dict[str, float]
     options: dict[str, Any]
     origin: dict[str, Any]       # what the plan records about the model file (runtime.plan.model_origin)
+    # per-candidate seconds added to the objective only (what a kernel costs inside a plan beyond
+    # its solo time: cost/plan_time.py); None = nothing beyond `kernel_overhead_s`
+    overhead: np.ndarray | None = None
 
 
 def orchestrate(model: str | Path | Graph, *, device: Any = "local", cost: Any = None,
@@ -122,26 +125,26 @@ def orchestrate(model: str | Path | Graph, *, device: Any = "local", cost: Any =
     spec = devices.device(device)
     threads = int(threads or devices.default_threads(spec))
     cm = make_cost(cost, spec, store, threads, jobs)
-    problem = _prepare(g, spec, cm, timing={"load_s": load_s}, threads=threads, rewrite=rewrite, winograd=winograd,
+    problem = prepare(g, spec, cm, timing={"load_s": load_s}, threads=threads, rewrite=rewrite, winograd=winograd,
                        max_nodes=max_nodes, max_reduces=max_reduces, linear_epilogue=linear_epilogue,
                        regions=regions, region_segments=region_segments, method=method, progress=progress,
                        say=say)
     solve = dict(method=method, recompute=recompute, cuts=cuts, time_limit=time_limit,
                  require_optimal=require_optimal, kernel_overhead_s=kernel_overhead_s)
-    plan = _solve(problem, say=say, **solve)
+    plan = solve_problem(problem, say=say, **solve)
     plan.timing["total_s"] = time.perf_counter() - t_all
     if not race or not getattr(cm, "races", True):
         return plan
     if not devices.is_local(spec):
         say(f"race: skipped (device '{getattr(spec, 'name', spec)}' is not this machine)")
         return plan
-    return _race(problem, plan, solve, threads=threads, inductor=race_inductor, rounds=race_rounds,
+    return race_finalists(problem, plan, solve, threads=threads, inductor=race_inductor, rounds=race_rounds,
                  margin=race_margin, burst_s=race_burst_s, feeds=feeds, say=say)
 
 
-def _prepare(g: Graph, spec: Any, cm: Any, *, timing: dict[str, float], threads: int, rewrite: bool, winograd: bool,
+def prepare(g: Graph, spec: Any, cm: Any, *, timing: dict[str, float], threads: int, rewrite: bool, winograd: bool,
              max_nodes: int, max_reduces: int | None, linear_epilogue: bool, regions: bool | None,
-             region_segments: int, method: str, progress: bool, say: Callable[[str], None]) -> _Problem:
+             region_segments: int, method: str, progress: bool, say: Callable[[str], None]) -> Problem:
     """Rewrites, fission, candidates and their costs: the part of the pipeline every finalist shares."""
     from tensorplan.cost import cost_many
     model = g
@@ -192,12 +195,12 @@ def _prepare(g: Graph, spec: Any, cm: Any, *, timing: dict[str, float], threads:
                "region_segments": region_segments, "max_nodes": max_nodes, "max_reduces": max_reduces,
                "linear_epilogue": linear_epilogue, "cost": getattr(cm, "name", type(cm).__name__),
                "threads": threads}
-    return _Problem(model=model, graph=g, applied=applied, fr=fr, prim=prim, cands=cands, costs=costs, est=est,
+    return Problem(model=model, graph=g, applied=applied, fr=fr, prim=prim, cands=cands, costs=costs, est=est,
                     n_regions=n_regions, use_regions=use_regions, spec=spec, cost_model=cm, timing=timing,
                     options=options, origin=model_origin(model))
 
 
-def _solve(p: _Problem, *, method: str, recompute: bool, cuts: bool, time_limit: float, require_optimal: bool,
+def solve_problem(p: Problem, *, method: str, recompute: bool, cuts: bool, time_limit: float, require_optimal: bool,
            kernel_overhead_s: float, say: Callable[[str], None] | None = None) -> Plan:
     """Select kernels from the problem's candidates and costs; a verified plan holding its graphs."""
     say = say or (lambda msg: None)
@@ -206,7 +209,8 @@ def _solve(p: _Problem, *, method: str, recompute: bool, cuts: bool, time_limit:
     t0 = time.perf_counter()
     kw = dict(recompute=recompute, cuts=cuts, time_limit=time_limit, require_optimal=require_optimal) \
         if method == "blp" else {}
-    sel = select(prim, cands, p.costs + float(kernel_overhead_s), method=method, **kw)
+    objective = p.costs + float(kernel_overhead_s) + (p.overhead if p.overhead is not None else 0.0)
+    sel = select(prim, cands, objective, method=method, **kw)
     timing["solve_s"] = time.perf_counter() - t0
     say(f"{method}: {len(sel.chosen)} kernels, {sel.objective_s * 1e3:.3f} ms objective, status "
         f"{sel.status} ({timing['solve_s']:.2f}s)")
@@ -329,30 +333,31 @@ def _merge_adjacent_regions(kernels: list[PlanKernel], order: list[str], prim: G
     return out_k, [k.id for k in out_k]
 
 
-def _finalists(p: _Problem, plan: Plan, solve: dict[str, Any]) -> dict[str, Plan]:
+def finalists(p: Problem, plan: Plan, solve: dict[str, Any]) -> dict[str, Plan]:
     """The BLP's `plan` and its alternatives, re-solved from the same candidates and costs: the plan
     with the fewest kernels (1 s per kernel in the objective) and, when the BLP recomputes, the BLP
     without recomputation."""
     out = {"blp": plan}
-    fewest = _solve(p, **{**solve, "kernel_overhead_s": 1.0})
+    fewest = solve_problem(p, **{**solve, "kernel_overhead_s": 1.0})
     if len(fewest.kernels) != len(plan.kernels):
         out["fewest-kernels"] = fewest
     if len(plan.kernels) > 1 and solve["recompute"] and plan.stats.get("recomputed_primitives"):
-        norec = _solve(p, **{**solve, "recompute": False})
+        norec = solve_problem(p, **{**solve, "recompute": False})
         if len(norec.kernels) > 1 and norec.stats.get("recomputed_primitives") == 0:
             out["blp-no-recompute"] = norec
     return out
 
 
-def _race(p: _Problem, plan: Plan, solve: dict[str, Any], *, threads: int, inductor: bool, rounds: int,
-          margin: float, burst_s: float, feeds: dict[str, np.ndarray] | None,
-          say: Callable[[str], None]) -> Plan:
+def race_finalists(p: Problem, plan: Plan, solve: dict[str, Any], *, threads: int, inductor: bool, rounds: int,
+                   margin: float, burst_s: float, feeds: dict[str, np.ndarray] | None,
+                   say: Callable[[str], None], on_result: Callable[[dict[str, Plan], Any], None] | None = None) -> Plan:
     """The finalists' race (workflows/race.py); the kept plan records it in `stats["race"]` and its
-    time in `timing["race_s"]`."""
+    time in `timing["race_s"]`. `on_result(finalists, RaceResult)` sees every finalist's measured
+    median (optimize records them in the store to fit the plan-time model)."""
     from tensorplan.workflows.race import (run_race, session_backend_variants, session_thread_variants,
                                            whole_graph_inductor)
     t0 = time.perf_counter()
-    cands = session_thread_variants(session_backend_variants(_finalists(p, plan, solve)), threads)
+    cands = session_thread_variants(session_backend_variants(finalists(p, plan, solve)), threads)
     if inductor:
         try:
             cands["inductor"] = whole_graph_inductor(plan, threads=threads)
@@ -368,6 +373,8 @@ def _race(p: _Problem, plan: Plan, solve: dict[str, Any], *, threads: int, induc
         feeds = random_feeds(p.prim, seed=0)
     result = run_race(cands, p.prim, feeds, threads=threads, rounds=rounds, margin=margin, burst_s=burst_s)
     result.seconds = time.perf_counter() - t0
+    if on_result is not None:
+        on_result(cands, result)
     med, n_kernels, chosen, fastest = result.median_s, result.kernels, result.chosen, result.fastest
     say(f"race: {', '.join(f'{k} {v * 1e3:.3f} ms ({n_kernels[k]} kernels)' for k, v in med.items())}"
         f" -> {chosen}" + (f" (fewer kernels, within {margin:.0%} of {fastest})" if chosen != fastest else "")
@@ -380,4 +387,4 @@ def _race(p: _Problem, plan: Plan, solve: dict[str, Any], *, threads: int, induc
     return kept
 
 
-__all__ = ["DEFAULT_BACKEND", "make_cost", "orchestrate"]
+__all__ = ["DEFAULT_BACKEND", "Problem", "finalists", "make_cost", "orchestrate", "prepare", "race_finalists", "solve_problem"]

@@ -1,0 +1,96 @@
+"""`tensorplan optimize`: one command from a model to a deployable, verified plan within a budget.
+
+Parses, makes one call (`tensorplan.optimize`) and prints its summary (`OptimizeSummary`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tensorplan.cli.common import MODEL_HELP, input_shape_option, output_dir, parse_shapes
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def optimize(
+        model: str = typer.Argument(..., help=MODEL_HELP),
+        out: Path = typer.Option(None, "-o", "--out", help="Directory for plan.json, the deployable model.onnx "
+                                 "(when ONNX Runtime runs the whole plan) and report.html."),
+        device: str = typer.Option("local", help="This CPU: local (every usable core) or local-<N>t."),
+        budget: str = typer.Option("10m", "--budget", help="Time for the whole job, e.g. 90s, 10m, 1h: sizes the "
+                                   "schedule sampling and stops measuring in time for the race and the check."),
+        samples: int = typer.Option(None, "--samples", min=1, help="Schedules sampled per TIR kernel and ranked by "
+                                    "the predictor (default: what the budget affords, 4-32)."),
+        top_k: int = typer.Option(3, "--top-k", min=1, help="Predicted-fastest schedules compiled and timed per "
+                                  "TIR kernel the solver chooses."),
+        input_shape: list[str] = input_shape_option(),
+        opset: int = typer.Option(17, help="Opset of a zoo or PyTorch export (ONNX files keep theirs)."),
+        threads: int = typer.Option(None, "--threads", min=1, help="Threads kernels are timed and plans run with "
+                                    "(default: every usable core)."),
+        race: bool = typer.Option(True, "--race/--no-race", help="Race the finalist plans end to end and keep "
+                                  "the winner."),
+        peers: bool = typer.Option(True, "--peers/--no-peers", help="Time the plan against ONNX Runtime, OpenVINO "
+                                   "and torch.compile on the original model, interleaved."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (progress goes to stderr)."),
+    ) -> None:
+        """Predicted costs for every candidate kernel, measurement only where it decides, BLP, race,
+        check against ONNX Runtime: a verified plan, its ONNX file and an HTML report."""
+        import tensorplan as tp
+
+        from tensorplan.cli.common import one_line_errors
+        from tensorplan.workflows.optimize import OptimizeSummary, parse_budget
+        err = Console(stderr=True)
+        with one_line_errors():
+            budget_s = parse_budget(budget)
+            output_dir(out, "--out")
+            plan = tp.optimize(model, device=device, budget_s=budget_s, out_dir=out, samples=samples, top_k=top_k,
+                               input_shapes=parse_shapes(input_shape), opset=opset, threads=threads, race=race,
+                               peers=peers, progress=True, log=lambda m: err.print(f"[dim]·[/] {m}"))
+        summ = OptimizeSummary.from_plan(plan)
+        if as_json:
+            print(json.dumps({**summ.to_dict(), "kernels": len(plan.kernels),
+                              "backends": _backends(plan)}, indent=2, default=str))
+            return
+        _print(Console(), plan, summ)
+
+
+def _backends(plan) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k in plan.kernels:
+        out[k.backend] = out.get(k.backend, 0) + 1
+    return out
+
+
+def _print(con: Console, plan, s) -> None:
+    t = Table(title=f"optimize {s.model} on {s.device}", show_header=False)
+    t.add_row("plan", f"{len(plan.kernels)} kernels (" + ", ".join(f"{b}: {n}" for b, n in _backends(plan).items())
+              + ")")
+    if s.measured_plan_ms is not None:
+        t.add_row("latency", f"{s.measured_plan_ms:.3f} ms measured end to end; kernels alone sum to "
+                  f"{s.solo_sum_ms:.3f} ms" + (f"; plan model predicts {s.predicted_plan_ms:.3f} ms"
+                                               if s.predicted_plan_ms is not None else ""))
+    if s.peers_ms:
+        t.add_row("vs peers", ", ".join(f"{k} {v:.3f} ms" + (f" ({s.peer_notes[k]})" if k in s.peer_notes else "")
+                                        for k, v in s.peers_ms.items())
+                  + (f"  ->  {s.speedup_over_best:.2f}x over {s.best_peer}" if s.best_peer else ""))
+    skipped = {k: v for k, v in s.peer_notes.items() if k not in s.peers_ms}
+    if skipped:
+        t.add_row("peers not run", "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    if s.noisy:
+        t.add_row("[bold yellow]noisy run[/]", s.noisy)
+    t.add_row("check", f"max relative error {s.max_rel_err:.2e} vs ONNX Runtime on {s.reference}"
+              if s.max_rel_err is not None else "not checked")
+    t.add_row("measured", f"{s.measured} of {s.unique_kernels} unique kernels ({100 * s.measured_share:.1f}%), "
+              f"{s.from_store} from the store; {s.samples} schedules sampled per TIR kernel, top {s.top_k} timed")
+    t.add_row("solves", f"{len(s.iterations)}, stopped: {s.stop}")
+    t.add_row("time", f"{s.total_s:.1f}s of {s.budget_s:.0f}s: "
+              + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in s.phases.items() if v >= 0.05))
+    for kind, path in s.artifacts.items():
+        if kind != "onnx_exact":
+            t.add_row(f"wrote {kind}", path)
+    if s.artifacts.get("plan"):
+        t.add_row("next", f"tensorplan run {s.artifacts['plan']}")
+    con.print(t)
