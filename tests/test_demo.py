@@ -1,5 +1,6 @@
 """The README's main job (`tensorplan demo`) on a tiny zoo model: import, reference vs ONNX
-Runtime, per-op profile, orchestrated plan raced against ONNX Runtime."""
+Runtime, per-op profile, orchestrated plan raced against every peer (ONNX Runtime, OpenVINO,
+torch.compile) in one interleaved run."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tensorplan.cli import app
-from tensorplan.workflows.demo import interleaved_medians, run_demo
+from tensorplan.workflows.demo import run_demo
 
 
 def test_demo_plan_runs_and_agrees(tmp_path, monkeypatch):
@@ -33,13 +34,32 @@ def test_demo_plan_runs_and_agrees(tmp_path, monkeypatch):
     assert tc.median_ms > 0 and tc.compile_s > 0
     assert len(p.rounds_ms["torch.compile"]) == len(p.rounds_ms["tensorplan"])
     assert tc.speedup == pytest.approx(tc.median_ms / p.plan_median_ms)
+    # every peer in the same run: ORT, OpenVINO fp32, torch.compile (+ OpenVINO's default, labelled)
+    peers = {n for n, t in p.peers.runners.items() if t.peer}
+    assert {"onnxruntime", "openvino", "torch.compile"} <= peers and set(p.peer_medians_ms) == peers
+    assert all(len(p.rounds_ms[n]) == len(p.rounds_ms["tensorplan"]) for n in peers)
+    fp32 = {n: p.peer_medians_ms[n] for n in peers if p.peers.runners[n].precision == "fp32"}
+    assert p.best_peer == min(fp32, key=fp32.get) and p.best_peer_median_ms == min(fp32.values())
+    assert p.speedup_vs_best == pytest.approx(p.best_peer_median_ms / p.plan_median_ms)
+    assert p.speedup_vs_best <= p.speedup_vs_ort * (1 + 1e-12)   # the best peer is at least as fast as ORT
+    assert p.noisy == (p.noise_reason is not None)
+    for n in fp32:                                                # a wrong peer would be visible here
+        assert p.peers.runners[n].max_rel_error <= 1e-4, (n, p.peers.runners[n].max_rel_error)
     from tensorplan.workflows.report import write_demo_report
     html = write_demo_report(rep, tmp_path / "r" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3          # rounds, per-op, kernels
     for k in p.kernel_list:
         assert f"<td>{k.id}</td>" in html
     assert f"{p.speedup_vs_ort:.2f}×" in html and "DISAGREE" not in html
-    assert f"{tc.speedup:.2f}×</b> vs torch.compile" in html
+    assert f"{p.speedup_vs_best:.2f}×</b> vs the best fp32 peer" in html
+    assert ("Noisy run" in html) == p.noisy and ("Quiet run" in html) != p.noisy
+    for n in peers:
+        assert f"<td>{p.peers.runners[n].label}" in html
+    bf16 = [t for t in p.peers.runners.values() if t.peer and t.precision != "fp32"]
+    for t in bf16:                                                # labelled with what it computes in
+        assert t.precision in t.label and "beside, not a baseline" in html
+    # one ONNX Runtime figure per page: the interleaved one, not also the separate measurement
+    assert f"{rep.ort_median_ms:.3f} ms (CoV" not in html
 
 
 def test_demo_without_a_torch_module_says_why(tmp_path, monkeypatch):
@@ -48,7 +68,8 @@ def test_demo_without_a_torch_module_says_why(tmp_path, monkeypatch):
     onnx_file = str(zoo.export("tiny-mlp"))
     p = run_demo(onnx_file, threads=1, save_plan=str(tmp_path / "out" / "mlp.plan.json")).plan
     assert p.agree and "torch.compile" not in p.rounds_ms
-    assert "ONNX file" in p.torch_compile.skipped
+    assert "ONNX file" in p.torch_compile.skipped and "ONNX file" in p.peers.skipped["torch.compile"]
+    assert p.best_peer in p.peer_medians_ms and "onnxruntime" in p.peer_medians_ms
     # the saved plan is the one that ran, and `tensorplan export` takes it
     from tensorplan.runtime.plan import Plan
     from tensorplan.workflows.export import export_onnx
@@ -68,9 +89,17 @@ def test_demo_cli_json_without_orchestration(tmp_path):
     assert "Where ONNX Runtime spends its time" in html and "Plan vs ONNX Runtime" not in html
 
 
-def test_interleaved_medians_orders_fast_and_slow_work():
-    import time
-    t = interleaved_medians({"fast": lambda: None, "slow": lambda: time.sleep(0.002)}, rounds=4,
-                            burst_s=0.01)
-    assert t["slow"].median_s > 10 * t["fast"].median_s
-    assert len(t["slow"].repeats) == 4 and "pause" in t["slow"].method
+def test_demo_cli_prints_every_peer_and_the_headline(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORPLAN_STORE", str(tmp_path / "store.sqlite"))
+    res = CliRunner().invoke(app, ["demo", "tiny-mlp", "--threads", "1", "--no-vs-torch-compile", "--json"])
+    assert res.exit_code == 0, res.output
+    p = json.loads(res.stdout[res.stdout.index("{"):])["plan"]
+    assert {"onnxruntime", "openvino"} <= set(p["peer_medians_ms"]) and p["best_peer"] in p["peer_medians_ms"]
+    assert p["speedup_vs_best"] == pytest.approx(p["best_peer_median_ms"] / p["plan_median_ms"])
+    assert isinstance(p["noisy"], bool) and p["peers"]["skipped"]["torch.compile"].startswith("skipped")
+    assert all(r["median_ms"] > 0 and len(r["rounds_ms"]) == p["peers"]["rounds"]
+               for r in p["peers"]["runners"].values())
+    res = CliRunner().invoke(app, ["demo", "tiny-mlp", "--threads", "1", "--no-vs-torch-compile"])
+    assert res.exit_code == 0, res.output
+    assert "vs the best fp32 peer" in res.output and "OpenVINO (fp32)" in res.output
+    assert ("NOISY RUN" in res.output) == ("noisy" in res.output.lower())

@@ -42,6 +42,7 @@ import numpy as np
 from tensorplan.errors import TensorplanError
 from tensorplan.progress import progress_bar
 from tensorplan.cdmpp.tasks import replay_trace, task_io_vector, trace_json
+from tensorplan.kernels.sampled import DesignSpace, draw_seed
 
 PROGRAM_KIND = "cdmpp_program"
 TASK_KIND = "cdmpp_task"
@@ -66,8 +67,8 @@ def default_data_dir() -> Path:
 # =========================================================================== collection
 
 def _seed(task_key: str, i: int) -> int:
-    h = int(hashlib.sha1(f"{task_key}:{i}".encode()).hexdigest()[:8], 16)
-    return 1 + h % 2147483646
+    """The seed of a task's draw i (`kernels.sampled.draw_seed`, which the planner's sampler shares)."""
+    return draw_seed(task_key, i)
 
 
 def task_arrays(task) -> list[np.ndarray]:
@@ -92,19 +93,13 @@ def task_arrays(task) -> list[np.ndarray]:
     return out
 
 
-class _TaskState:
-    """Per-task cached TVM objects: design spaces, postprocessors, argument tensors."""
+class _TaskState(DesignSpace):
+    """A task's design spaces and postprocessors (`kernels.sampled.DesignSpace`), plus its
+    argument tensors."""
 
     def __init__(self, task, target):
-        from tvm.s_tir import meta_schedule as ms
-
-        from tensorplan.kernels.tvm_intrin import load_tensor_intrinsics
-        load_tensor_intrinsics()
+        super().__init__(task.mod, target, key=task.key)
         self.task = task
-        self.ctx = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
-                                  search_strategy="replay-trace", num_threads=1)
-        self.spaces = list(self.ctx.generate_design_space())
-        self.postprocs = list(self.ctx.space_generator.postprocs)
         self._args = None
         self.slow = 0                                   # programs skipped as too slow
         self.ok = 0                                     # programs measured
@@ -124,17 +119,7 @@ class _TaskState:
 def sample_schedule(state: _TaskState, i: int):
     """Sample program i of a task: design space i mod n_spaces, every decision re-drawn with a
     seed derived from (task, i), then the mandatory postprocessors. Returns (sch, space) or None."""
-    from tvm import s_tir
-    space = i % len(state.spaces)
-    sch = s_tir.Schedule(state.task.mod, seed=_seed(state.task.key, i))
-    try:
-        state.spaces[space].trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *a: None)
-        for p in state.postprocs:
-            if not p.apply(sch):
-                return None
-    except Exception:  # noqa: BLE001 - an invalid random draw is a normal outcome
-        return None
-    return sch, space
+    return state.draw(i)
 
 
 TIMER_VERSION = 4

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
              opset: int = typer.Option(17, help="Opset of a zoo or PyTorch export (ONNX files keep theirs)."),
              orchestrate: bool = typer.Option(True, help="Also plan fused kernels (Korch, measured "
                                               "costs cached in the store), run the plan and race it "
-                                              "against ONNX Runtime."),
+                                              "against ONNX Runtime, OpenVINO and torch.compile."),
              report: str = typer.Option(None, "--report", help="Also write a self-contained HTML report "
                                         "(charts of the interleaved rounds, per-operator time, the plan's kernels)."),
              save_plan: str = typer.Option(None, "--save-plan", help="Also write the plan JSON here "
@@ -30,11 +30,13 @@ def register(app: typer.Typer) -> None:
                                                    help="Also race torch.compile of the model's PyTorch module "
                                                    "(zoo models and PyTorch factories have one)."),
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
-        """The main job: plan MODEL's fused kernels and race the plan against ORT and torch.compile.
+        """The main job: plan MODEL's fused kernels and race the plan against ORT, OpenVINO, torch.compile.
 
         Imports MODEL, checks the reference executor against ONNX Runtime, shows the device and
         per-operator timings, then orchestrates fused kernels and races the plan against ONNX
-        Runtime and torch.compile, interleaved."""
+        Runtime, OpenVINO (fp32, and its default bf16 on CPUs with bf16 units, labelled) and
+        torch.compile, interleaved in one run; the headline is the speed-up over the best fp32 one,
+        and a noisy run is flagged."""
         import tensorplan as tp
 
         from tensorplan.cli.common import one_line_errors
@@ -67,7 +69,7 @@ def _print(con: Console, rep) -> None:
     con.print(f"[bold]model[/]: {rep.model} — {rep.nodes} nodes, {rep.params / 1e6:.2f} M params, "
               f"{rep.gflops:.2f} GFLOPs, imported in {rep.import_s:.2f} s")
     ok = "[green]agree[/]" if rep.agree else "[red]DISAGREE[/]"
-    con.print(f"ONNX Runtime median {rep.ort_median_ms:.2f} ms (CoV {rep.ort_cov:.1%}); "
+    con.print(f"ONNX Runtime alone: median {rep.ort_median_ms:.2f} ms (CoV {rep.ort_cov:.1%}); "
               f"reference executor {rep.reference_ms:.1f} ms; max rel. error "
               f"{rep.max_rel_error:.2e} → {ok} (tolerance {rep.tolerance:.0e})")
     t = Table(title="ONNX Runtime time per operator type (per inference)")
@@ -82,16 +84,27 @@ def _print(con: Console, rep) -> None:
     ok = "[green]agree[/]" if p.agree else "[red]DISAGREE[/]"
     con.print(f"[bold]plan[/]: {p.kernels} kernels from {p.primitives} primitives "
               f"(solver {p.solver}, optimised in {p.optimise_s:.1f} s; backends {p.backends})")
-    con.print(f"interleaved medians: tensorplan {p.plan_median_ms:.2f} ms (CoV {p.plan_cov:.1%}) "
-              f"vs ONNX Runtime {p.ort_median_ms:.2f} ms (CoV {p.ort_cov:.1%}) → "
-              f"[bold]{p.speedup_vs_ort:.2f}×[/]; predicted {p.predicted_ms:.2f} ms; "
+    t = p.peers
+    tab = Table(title=f"interleaved: the plan vs the runtimes on the original model ({t.rounds} rounds, "
+                      "same inputs and threads)")
+    for col in ("runtime", "precision", "median ms", "CoV", "max rel. err vs ORT", "tensorplan ×"):
+        tab.add_column(col, justify="left" if col == "runtime" else "right")
+    for r in sorted(t.runners.values(), key=lambda r: r.median_ms):
+        mark = " (best fp32 peer)" if r.name == p.best_peer else (" (beside)" if r.peer and r.precision != "fp32"
+                                                                    else "")
+        tab.add_row(r.label + mark, r.precision or "", f"{r.median_ms:.3f}", f"{r.cov:.1%}",
+                    "" if r.max_rel_error is None else f"{r.max_rel_error:.1e}",
+                    "" if r.name == "tensorplan" else f"{r.median_ms / p.plan_median_ms:.2f}×")
+    for name, why in t.skipped.items():
+        tab.add_row(name, "", "not timed", "", "", why)
+    con.print(tab)
+    headline = (f"[bold]{p.speedup_vs_best:.2f}×[/] vs the best fp32 peer ({p.best_peer}, "
+                f"{p.best_peer_median_ms:.2f} ms)" if p.best_peer else "no fp32 peer timed")
+    con.print(f"tensorplan {p.plan_median_ms:.2f} ms (CoV {p.plan_cov:.1%}): {headline}; "
+              f"{p.speedup_vs_ort:.2f}× vs ONNX Runtime; predicted {p.predicted_ms:.2f} ms; "
               f"max rel. error vs ONNX Runtime {p.max_rel_error:.2e} → {ok}")
-    tc = p.torch_compile
-    if tc.median_ms is not None:
-        con.print(f"same rounds: torch.compile {tc.median_ms:.2f} ms (CoV {tc.cov:.1%}, compiled in "
-                  f"{tc.compile_s:.1f} s) → tensorplan [bold]{tc.speedup:.2f}×[/]")
-    else:
-        con.print(f"[dim]torch.compile not raced: {tc.skipped}[/]")
+    if p.noisy:
+        con.print(f"[bold red]NOISY RUN[/]: {p.noise_reason} — re-run on a quiet machine before quoting these figures")
     if p.saved:
         onnx_out = Path(p.saved).parent / (Path(p.saved).name.split(".")[0] + ".onnx")
         con.print(f"plan: {p.saved}; as one ONNX file for stock ONNX Runtime: "

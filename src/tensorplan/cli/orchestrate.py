@@ -20,7 +20,10 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., help=MODEL_HELP),
         output: Path = typer.Option(None, "-o", "--output", help="Write the plan JSON here."),
         cost: str = typer.Option("measured", "--cost", help="Kernel cost model: measured (compile and time "
-                                 "every candidate kernel on this machine, cached in the store), analytical "
+                                 "every candidate kernel on this machine, cached in the store), predicted "
+                                 "(CDMPP ranks sampled schedules of TIR kernels, a work model fitted on "
+                                 "measured kernels prices the rest; nothing timed; see `tensorplan optimize`), "
+                                 "analytical "
                                  "(roofline from the device's figures, no measuring) or torch (PyTorch-built "
                                  "kernels timed on the device; the default on a GPU device)."),
         device: str = typer.Option("local", help="Device: local (this CPU, every usable core), local-<N>t, cuda "
@@ -39,7 +42,7 @@ def register(app: typer.Typer) -> None:
         time_limit: float = typer.Option(60.0, "--time-limit", help="Solver time limit (seconds)."),
         regions: bool = typer.Option(True, "--regions/--no-regions",
                                      help="Also offer ONNX Runtime regions (runs of original operators as one "
-                                          "session) to the BLP; needs --cost measured."),
+                                          "session) to the BLP; needs --cost measured or predicted."),
         region_segments: int = typer.Option(8, "--region-segments", min=1,
                                             help="Longest region, in linear-operator segments (dyadic beyond)."),
         kernel_overhead: float = typer.Option(0.0, "--kernel-overhead",

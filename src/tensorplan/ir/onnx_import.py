@@ -1,7 +1,10 @@
-"""ONNX -> static-shape `Graph`, for default-domain opsets 11..26 (`MIN_OPSET`, `MAX_OPSET`;
+"""ONNX -> static-shape `Graph`, for default-domain opsets 1..26 (`MIN_OPSET`, `MAX_OPSET`;
 26 is the newest opset the pinned ONNX Runtime 1.31 loads, 27 it refuses).
 
-Steps: load (errors name the file) -> check the opset, domains and each node's operator version
+Steps: load (errors name the file) -> a model below opset 11 (`NATIVE_OPSET`) is validated as
+given and converted to opset 11 (`_upgrade`: onnx's version converter, for the operator versions
+whose conversion was checked against ONNX Runtime; any other operator whose version changes is
+refused by name) -> check the opset, domains and each node's operator version
 (a version newer than the reference executor implements, or an attribute of a newer version it
 does not honour, is an error naming the node, op and version) -> inline local functions ->
 validate as strictly as ONNX Runtime: onnx's checker (op schemas, attribute types, arity) and
@@ -35,7 +38,10 @@ from tensorplan.ir.graph import Graph, Node, Tensor, unique_name
 from tensorplan.ir.ort_node import ort_has_kernel
 from tensorplan.ir.reference import ONNX_TO_NP, OPS, _OPSET, is_foreign, run_node, run_reference
 
-MIN_OPSET, MAX_OPSET = 11, 26
+MIN_OPSET, MAX_OPSET = 1, 26
+# The reference executor implements operator versions from this opset on; older models are
+# converted to it at import (`_upgrade`).
+NATIVE_OPSET = 11
 # Every operator version up to this opset was checked against the reference executor (newer
 # versions of its ops only added element types, or attributes gated in `_UNHONOURED`). A node
 # whose op version is newer than this is refused by name rather than run on older semantics.
@@ -425,16 +431,16 @@ class _State:
 
 @functools.lru_cache(maxsize=4096)
 def _op_versions(op: str, opset: int) -> tuple[int, int] | None:
-    """(version in effect at `opset`, version in effect at MIN_OPSET or the op's first version)
+    """(version in effect at `opset`, version in effect at NATIVE_OPSET or the op's first version)
     of a default-domain op; None if onnx does not know the op at that opset."""
     try:
         since = onnx.defs.get_schema(op, opset, "").since_version
     except Exception:
         return None
     try:
-        floor = onnx.defs.get_schema(op, MIN_OPSET, "").since_version
+        floor = onnx.defs.get_schema(op, NATIVE_OPSET, "").since_version
     except Exception:
-        floor = 0  # the op is newer than MIN_OPSET: every version of it is in range
+        floor = 0  # the op is newer than NATIVE_OPSET: every version of it is in range
     return int(since), int(floor)
 
 
@@ -479,7 +485,7 @@ def _check_version(where: str, op: str, domain: str, opset: int, attrs: dict) ->
         raise ModelImportError(
             f"{where}: {op} version {since} (in effect at opset {opset}) is older than "
             f"tensorplan implements ({op} from version {floor}); re-export the model at opset "
-            f"{MIN_OPSET} or newer")
+            f"{NATIVE_OPSET} or newer")
     if since > _REVIEWED_OPSET:
         raise ModelImportError(
             f"{where}: {op} version {since} (opset {opset}) is newer than tensorplan implements "
@@ -771,6 +777,181 @@ def _check_domains(st: _State, allow_unsupported: bool) -> None:
             "without these custom ops")
 
 
+# ------------------------------------------------------------------ older opsets
+# Operator versions in effect below NATIVE_OPSET that differ from the version at NATIVE_OPSET and
+# that `_upgrade` converts (onnx's version converter, plus `_resize_from_v10` for Upsample and
+# Resize-10). Each conversion was checked against ONNX Runtime running the original model
+# (tests/test_onnx_import.py, `OLD_FORMS`); an operator version not listed here is refused by name.
+_UPGRADES: dict[str, tuple[int, ...]] = {
+    "ArgMax": (1,), "ArgMin": (1,), "AveragePool": (7, 10), "BatchNormalization": (7,),
+    "Cast": (6,), "Clip": (6,), "Compress": (9,), "Concat": (4,), "Constant": (1, 9), "Conv": (1,),
+    "ConvTranspose": (1,), "DepthToSpace": (1,), "Dropout": (7,), "Equal": (7,), "Flatten": (1, 9),
+    "Gather": (1,), "Gemm": (7, 9), "Greater": (7,), "Hardmax": (1,), "If": (1,), "Less": (7,),
+    "LogSoftmax": (1,), "Loop": (1,), "LpPool": (2,), "MatMul": (1,), "Max": (6,), "MaxPool": (1, 8, 10),
+    "MaxUnpool": (9,), "Mean": (6,), "Min": (6,), "NonMaxSuppression": (10,), "OneHot": (9,),
+    "PRelu": (7,), "Pad": (2,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,), "ReduceMax": (1,), "ReduceMean": (1,), "ReduceMin": (1,),
+    "ReduceProd": (1,), "ReduceSum": (1,), "ReduceSumSquare": (1,), "Resize": (10,), "Scan": (9,),
+    "Scatter": (9,), "Slice": (1, 10), "Softmax": (1,), "Split": (2,), "Squeeze": (1,), "Sum": (6,),
+    "TopK": (1, 10), "Unsqueeze": (1,), "Upsample": (7, 9),
+}
+
+
+def _since(op: str, opset: int) -> int | None:
+    try:
+        return int(onnx.defs.get_schema(op, opset, "").since_version)
+    except Exception:
+        return None
+
+
+def _walk_nodes(g: onnx.GraphProto, names: list[str], prefix: str = ""):
+    """(name, node, graph) for every node of g and of its sub-graphs; top-level names from `names`."""
+    for k, p in enumerate(g.node):
+        name = names[k] if not prefix and k < len(names) else prefix + (p.name or f"{p.op_type}_{k}")
+        yield name, p, g
+        for a in p.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _walk_nodes(a.g, names, f"{name}/{a.name}/")
+
+
+def _const_value(g: onnx.GraphProto, name: str) -> np.ndarray | None:
+    """The value of `name` when an initializer or a Constant node of g defines it."""
+    for t in g.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    for p in g.node:
+        if p.op_type == "Constant" and list(p.output) == [name]:
+            for a in p.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+                if a.name == "value_floats":
+                    return np.asarray(a.floats, np.float32)
+    return None
+
+
+def _resize_from_v10(where: str, p: onnx.NodeProto, g: onnx.GraphProto, since: int) -> dict:
+    """The Resize-11 attributes that compute what ONNX Runtime computes for Upsample-7/9 and
+    Resize-10: asymmetric coordinates; nearest rounds down (Upsample, whose scales are >= 1) or,
+    for Resize-10, rounds down when it upsamples and up when it downsamples (ONNX Runtime's
+    "simple" rounding). A Resize-10 that does both at once, or whose scales are not constants,
+    has no Resize-11 equivalent and is refused."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+    mode = attrs.get("mode", b"nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    out = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
+    if mode != "nearest":
+        return out
+    if p.op_type == "Upsample":
+        out["nearest_mode"] = "floor"
+        return out
+    scales = _const_value(g, p.input[1]) if len(p.input) > 1 else None
+    if scales is None:
+        raise ModelImportError(
+            f"{where}: Resize version {since} in nearest mode with scales computed at run time "
+            "rounds differently when it downsamples; re-export the model at opset 11 or newer")
+    sc = np.asarray(scales, np.float32).reshape(-1)
+    up, down = bool((sc > 1).any()), bool((sc < 1).any())
+    if up and down:
+        raise ModelImportError(
+            f"{where}: Resize version {since} in nearest mode upsamples some axes and downsamples "
+            f"others (scales {sc.tolist()}), which opset 11 cannot express; re-export the model at "
+            "opset 11 or newer")
+    out["nearest_mode"] = "ceil" if down else "floor"
+    return out
+
+
+def _check_old_node(where: str, p: onnx.NodeProto, g: onnx.GraphProto, opset: int) -> dict | None:
+    """Refuse an operator version `_upgrade` does not convert; the Resize-11 attributes for an
+    Upsample / Resize-10 node."""
+    old, new = _since(p.op_type, opset), _since(p.op_type, NATIVE_OPSET)
+    if old is None or old == new:
+        return None  # unknown ops are named by the checker; unchanged versions need nothing
+    if old not in _UPGRADES.get(p.op_type, ()):
+        raise ModelImportError(
+            f"{where}: {p.op_type} version {old} (opset {opset}) is older than tensorplan "
+            f"implements and is not converted ({p.op_type} from version {new}); re-export the "
+            f"model at opset {NATIVE_OPSET} or newer")
+    if p.op_type == "BatchNormalization":
+        spatial = {a.name: a.i for a in p.attribute}.get("spatial", 1)
+        if spatial != 1:
+            raise ModelImportError(
+                f"{where}: BatchNormalization version {old} with spatial={spatial} (statistics per "
+                "element, not per channel) is not supported; re-export the model at opset "
+                f"{NATIVE_OPSET} or newer")
+    if p.op_type in ("Upsample", "Resize"):
+        return _resize_from_v10(where, p, g, old)
+    return None
+
+
+def _scope_generated_names(g: onnx.GraphProto, original: set[str], tag: str = "") -> None:
+    """The converter names the constants it adds `_v_<n>` per graph, so a sub-graph can repeat
+    a name of its parent; tensorplan inlines sub-graphs into one namespace: make them unique."""
+    rename = {o: f"{o}{tag}" for p in g.node for o in p.output if o and o not in original} if tag else {}
+    for k, p in enumerate(g.node):
+        for j, i in enumerate(p.input):
+            if i in rename:
+                p.input[j] = rename[i]
+        for j, o in enumerate(p.output):
+            if o in rename:
+                p.output[j] = rename[o]
+        for a in p.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _scope_generated_names(a.g, original, f"{tag}__{k}_{a.name}")
+
+
+def _all_names(g: onnx.GraphProto) -> set[str]:
+    names = {t.name for t in g.initializer} | {v.name for v in g.input} | {v.name for v in g.output}
+    for p in g.node:
+        names |= set(p.input) | set(p.output)
+        for a in p.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                names |= _all_names(a.g)
+    return names
+
+
+def _upgrade(proto: onnx.ModelProto, label: str, opset: int,
+             input_shapes: dict[str, tuple[int, ...]] | None) -> onnx.ModelProto:
+    """A model below NATIVE_OPSET, validated as given (so what ONNX Runtime refuses at its own
+    opset is refused) and converted to NATIVE_OPSET; operator versions whose conversion is not
+    known to be exact are refused by node name first."""
+    taken: set[str] = set()
+    names = []
+    for k, p in enumerate(proto.graph.node):
+        n = unique_name(taken, p.name or f"{p.op_type or 'node'}_{k}")
+        taken.add(n)
+        names.append(n)
+    _validate(proto, label, input_shapes, names)
+    resize: dict[str, dict] = {}
+    for name, p, g in _walk_nodes(proto.graph, names):
+        if p.domain not in _DEFAULT_DOMAINS:
+            continue
+        fix = _check_old_node(f"{label}: node '{name}' ({p.op_type})", p, g, opset)
+        if fix is not None and p.output and p.output[0]:
+            resize[p.output[0]] = fix
+    from onnx import version_converter
+    try:
+        new = version_converter.convert_version(proto, NATIVE_OPSET)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ModelImportError(
+            f"{label}: converting the model from opset {opset} to {NATIVE_OPSET} failed ({first}); "
+            f"re-export it at opset {NATIVE_OPSET} or newer") from None
+    _scope_generated_names(new.graph, _all_names(proto.graph))
+
+    def patch(g: onnx.GraphProto) -> None:
+        for p in g.node:
+            fix = resize.get(p.output[0]) if p.op_type == "Resize" and p.output else None
+            if fix is not None:
+                keep = [a for a in p.attribute if a.name not in fix]
+                del p.attribute[:]
+                p.attribute.extend(keep + [helper.make_attribute(k, v) for k, v in fix.items()])
+            for a in p.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    patch(a.g)
+    patch(new.graph)
+    return new
+
+
 # ------------------------------------------------------------------ main entry
 def import_onnx(model: str | Path | onnx.ModelProto,
                 input_shapes: dict[str, tuple[int, ...]] | None = None,
@@ -805,6 +986,9 @@ def _import(model, input_shapes, allow_unsupported, name) -> Graph:
             proto = inliner.inline_local_functions(proto)
         except Exception as e:
             raise ModelImportError(f"{label}: cannot inline local functions: {e}") from None
+    if opset < NATIVE_OPSET:
+        proto = _upgrade(proto, label, opset, input_shapes)
+        opset = NATIVE_OPSET
     st = _parse(proto, label, opset)
     _check_domains(st, allow_unsupported)
     _resolve_inputs(st, proto, input_shapes)

@@ -156,7 +156,7 @@ def compile_lowered(lowered: Lowered, target: Any = None, schedule: dict | None 
         lib = _LIB_CACHE.get(key)
     if lib is None:
         try:
-            mod = apply_schedule(lowered, sched, threads=n_threads, target=tgt)
+            mod = apply_schedule(lowered, sched, threads=n_threads, target=tgt, name=name)
             lib = tvm.compile(mod, target=tgt)
         except CompileError:
             raise
@@ -175,10 +175,17 @@ def compile_lowered(lowered: Lowered, target: Any = None, schedule: dict | None 
 
 def compile_kernel(sub: Graph, outputs: list[str] | None = None, target: Any = None,
                    schedule: dict | None = None, threads: int | None = None) -> CompiledKernel:
-    """Lower + schedule + compile a primitive sub-graph; raises `CompileError` naming the op."""
-    tuned = (schedule or {}).get("name") == "tuned"
-    lowered = lower(sub, outputs, use_let=not tuned)
+    """Lower + schedule + compile a primitive sub-graph; raises `CompileError` naming the op.
+    meta_schedule schedules ("tuned", "sampled") get the kernel lowered without `Let` bindings,
+    the form they are drawn on (kernels/sampled.py)."""
+    lowered = lower(sub, outputs, use_let=not uses_meta_schedule(schedule))
     return compile_lowered(lowered, target=target, schedule=schedule, name=sub.name, threads=threads)
+
+
+def uses_meta_schedule(schedule: dict | None) -> bool:
+    """Whether a schedule is meta_schedule's ("tuned", "sampled"): its kernel is lowered with
+    `use_let=False`."""
+    return (schedule or {}).get("name") in ("tuned", "sampled")
 
 
 def clear_cache() -> None:

@@ -1,4 +1,5 @@
-"""Default CPU schedules for memory-bound kernels (and an optional meta_schedule tuner).
+"""Default CPU schedules for memory-bound kernels (and an optional meta_schedule tuner, and
+replay of sampled schedules' traces).
 
 Untuned TVM loop nests are 50-250x slower than ONNX Runtime on this class of
 machine, so a kernel's measured cost only means something with a real
@@ -429,18 +430,62 @@ def naive_schedule(lowered: Lowered):
     return inlined_module(lowered)
 
 
-def apply_schedule(lowered: Lowered, schedule: dict | None, threads: int | None = None, target=None) -> Any:
-    """Schedule data -> IRModule. `{"name": "default"|"naive"|"tuned", ...}`."""
+def apply_schedule(lowered: Lowered, schedule: dict | None, threads: int | None = None, target=None,
+                   name: str = "kernel") -> Any:
+    """Schedule data -> IRModule. `{"name": "default"|"naive"|"tuned"|"sampled", ...}`; "sampled"
+    replays its `trace` on the kernel's PrimFunc (lowered with `use_let=False`, kernels/sampled.py)."""
     schedule = schedule or {"name": "default"}
-    name = schedule.get("name", "default")
-    if name == "default":
+    sname = schedule.get("name", "default")
+    if sname == "default":
         return default_schedule(lowered, parallel=schedule.get("parallel"), threads=threads)
-    if name == "naive":
+    if sname == "naive":
         return naive_schedule(lowered)
-    if name == "tuned":
-        return tuned_schedule(lowered, target, trials=int(schedule.get("trials", 16)),
-                              trace=schedule.get("trace"))
-    raise CompileError(f"unknown schedule '{name}' (expected default, naive or tuned)")
+    if sname == "tuned":
+        return tuned_schedule(lowered, target, trials=int(schedule.get("trials", 16)))
+    if sname == "sampled":
+        return replay_trace(lowered, schedule.get("trace"), name=name)
+    raise CompileError(f"kernel '{name}': unknown schedule '{sname}' (expected default, naive, tuned or sampled)")
+
+
+# --------------------------------------------------------------------------------------
+# Sampled schedules: traces as plain JSON, replayed on the PrimFunc they were drawn on
+# --------------------------------------------------------------------------------------
+def _plain(o: Any) -> Any:
+    """TVM ffi containers / IntImm -> plain JSON values (trace JSON for storage)."""
+    if o is None or isinstance(o, (bool, int, float)):
+        return o
+    if isinstance(o, str):
+        return str(o)
+    if isinstance(o, dict) or hasattr(o, "items"):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)) or hasattr(o, "__len__") and hasattr(o, "__getitem__") and not hasattr(o, "value"):
+        return [_plain(x) for x in o]
+    if hasattr(o, "value"):
+        return o.value
+    return str(o)
+
+
+def trace_json(sch) -> list:
+    """A schedule's trace (with its postprocessor steps) as plain JSON; `replay_trace` rebuilds it."""
+    return _plain(sch.trace.as_json())
+
+
+def replay_trace(lowered: Lowered, trace: Any, name: str = "kernel"):
+    """The IRModule of `trace` (a plain-JSON schedule trace) replayed on the lowered kernel's
+    PrimFunc; a trace that is not a list or does not apply is a `CompileError` naming the kernel."""
+    tvm, s_tir = _s()
+    if not isinstance(trace, list) or not trace:
+        raise CompileError(f"kernel '{name}': a sampled schedule needs its 'trace' (a non-empty JSON list), got "
+                           f"{type(trace).__name__}; take the schedule from kernels.sampled.sample_schedules")
+    sch = s_tir.Schedule(tvm.IRModule({"main": lowered.func}))
+    try:
+        s_tir.Trace.apply_json_to_schedule(trace, sch)
+    except Exception as e:  # noqa: BLE001 - TVM's message, shortened, inside our error
+        msg = str(e).strip().splitlines()
+        raise CompileError(f"kernel '{name}' ({'+'.join(lowered.ops)}): its sampled schedule's trace does not "
+                           f"apply to the kernel ({msg[-1][:200] if msg else type(e).__name__}); the trace was "
+                           "drawn for another kernel or TVM version: re-sample it (TunedCost)") from None
+    return sch.mod
 
 
 # --------------------------------------------------------------------------------------
@@ -473,11 +518,12 @@ def _inproc_builder():
     return _INPROC_BUILDER
 
 
-def tuned_schedule(lowered: Lowered, target, trials: int = 16, trace: Any = None, work_dir: str | None = None):
+def tuned_schedule(lowered: Lowered, target, trials: int = 16, work_dir: str | None = None):
     """meta_schedule `tune_tir` under a per-kernel trial budget (in-process builder).
 
     Returns the best scheduled IRModule; falls back to the default schedule when
-    tuning finds nothing that builds.
+    tuning finds nothing that builds. (A schedule found once and kept is a "sampled" one:
+    its trace replays exactly; tuning again may find another.)
     """
     import tempfile
 

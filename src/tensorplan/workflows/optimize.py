@@ -118,7 +118,7 @@ def parse_budget(text: str | float | int) -> float:
 def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: float | str = 600.0,
              out_dir: str | Path | None = None, store: Any = None, threads: int | None = None,
              input_shapes: dict[str, tuple[int, ...]] | None = None, opset: int = 17,
-             samples: int | None = None, top_k: int = 3, race: bool = True, peers: bool = True,
+             samples: int | None = None, top_k: int = 3, race: bool = True, peers: bool = True, regions: bool = True,
              max_nodes: int = 8, max_reduces: int | None = 2, time_limit: float | None = None,
              feeds: dict[str, np.ndarray] | None = None, progress: bool = False,
              log: Callable[[str], None] | None = None) -> Plan:
@@ -127,11 +127,11 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     (`OptimizeSummary.from_plan`).
 
     `samples`: schedules sampled per TIR kernel (default: what the budget affords, 4..32); `top_k`:
-    the predicted-fastest schedules timed per chosen TIR kernel. `race`: the finalists race end to
-    end (this machine only); `peers`: the kept plan is timed against ONNX Runtime, OpenVINO and
-    torch.compile on the original model. `out_dir`: writes `plan.json`, the deployable ONNX file
-    (`model.onnx`: the plan itself when ONNX Runtime runs all of it, else the rewritten model) and
-    `report.html`. `store`: the measurement store (default the project's); `feeds`: the inputs the
+    the predicted-fastest schedules timed per chosen TIR kernel. `regions=False` plans with Korch's
+    own kernels only (no ONNX Runtime / OpenVINO regions). `race`: the finalists race end to end;
+    `peers`: the kept plan is timed against ONNX Runtime, OpenVINO and torch.compile on the original
+    model. `out_dir`: writes `plan.json`, `report.html` and, when ONNX Runtime runs the whole plan,
+    the plan as one ONNX file (`model.onnx`); otherwise the plan JSON is the artifact (`tensorplan run`). `store`: the measurement store (default the project's); `feeds`: the inputs the
     race, the check and the timing use (default seeded random)."""
     from tensorplan.cost.lazy import LazyCost, PredictedCost
     from tensorplan.ir.reference import random_feeds
@@ -159,7 +159,7 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
                               "`tensorplan orchestrate --cost predicted` plans another device from predictions only")
     problem = prepare(g, spec, lazy, timing={"load_s": phases["load_s"]}, threads=threads, rewrite=True,
                       winograd=False, max_nodes=max_nodes, max_reduces=max_reduces, linear_epilogue=False,
-                      regions=True, region_segments=8, method="blp", progress=progress, say=say)
+                      regions=regions, region_segments=8, method="blp", progress=progress, say=say)
     for k in ("rewrite_s", "fission_s", "enumerate_s"):
         phases[k] = problem.timing.get(k, 0.0)
     phases["predict_s"] = problem.timing.get("profile_s", 0.0)

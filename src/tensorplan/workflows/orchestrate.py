@@ -3,7 +3,8 @@
 Korch's pipeline as one call, the same one `tensorplan orchestrate` makes. The model is loaded
 once and the device resolved once; every later stage receives the `Graph` and the `DeviceSpec`.
 The cost model is pluggable: `cost=None`/"measured" compiles and times kernels on this machine
-(`tensorplan.cost.measured.MeasuredCost`, cached in the store), "analytical" is the roofline,
+(`tensorplan.cost.measured.MeasuredCost`, cached in the store), "predicted" prices every kernel
+without timing it (`tensorplan.cost.lazy.PredictedCost`, what `optimize` starts from), "analytical" is the roofline,
 "torch" builds kernels with PyTorch (the default on a GPU device); any object with
 `cost(prim, cand) -> seconds` works.
 
@@ -52,8 +53,12 @@ def make_cost(cost: Any, spec: Any, store: Any = None, threads: int | None = Non
         return MeasuredCost(device=spec, store=store, threads=threads)
     if cost == "analytical":
         return AnalyticalCost(spec)
+    if cost == "predicted":
+        # what `optimize` starts from: CDMPP over sampled schedules + a work model fitted on measured kernels
+        from tensorplan.cost.lazy import PredictedCost
+        return PredictedCost(device=spec, store=store, threads=threads)
     if isinstance(cost, str):
-        raise TensorplanError(f"unknown cost model '{cost}' (use measured, analytical or torch)")
+        raise TensorplanError(f"unknown cost model '{cost}' (use measured, predicted, analytical or torch)")
     if not callable(getattr(cost, "cost", None)):
         raise TensorplanError(f"cost model {cost!r} has no cost(prim, cand) method")
     return cost
@@ -387,4 +392,5 @@ def race_finalists(p: Problem, plan: Plan, solve: dict[str, Any], *, threads: in
     return kept
 
 
-__all__ = ["DEFAULT_BACKEND", "Problem", "finalists", "make_cost", "orchestrate", "prepare", "race_finalists", "solve_problem"]
+__all__ = ["DEFAULT_BACKEND", "Problem", "finalists", "make_cost", "orchestrate", "prepare", "race_finalists",
+           "solve_problem"]

@@ -1,7 +1,9 @@
 """HTML report of the main job (`tensorplan demo --report`): one self-contained file.
 
 Why: the terminal shows medians; a reader deciding whether to trust a plan wants the spread of
-the interleaved rounds, where ONNX Runtime spends its time and what the plan's kernels are.
+the interleaved rounds against every peer runtime (and whether the run was noisy), where ONNX
+Runtime spends its time and what the plan's kernels are. `peers_chart`, `peers_table` and
+`noise_note` take a `workflows.peers.PeerTimings`, so any workflow's report can show its peers.
 Charts are PNGs embedded as data URIs, so the file can be attached to an issue or mailed as is.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensorplan.workflows.demo import DemoKernel, DemoReport
+    from tensorplan.workflows.peers import PeerTimings
 
 BACKEND_COLOURS = {"tvm": "#1f77b4", "ort": "#ff7f0e", "onnxruntime": "#ff7f0e", "torch": "#2ca02c",
                    "reference": "#7f7f7f", "opaque": "#d62728"}
@@ -39,18 +42,86 @@ def _plt():
     return plt
 
 
-def latency_chart(rounds_ms: dict[str, list[float]]) -> str:
-    """Per-round medians of each system (interleaved), as a strip + box plot."""
+def _clip_ms(rounds: list[list[float]]) -> float:
+    """Where the x axis ends: past every box's upper whisker (Q3 + 1.5 IQR), so one runner's
+    outlying rounds cannot squash everyone else's medians into a corner."""
+    import numpy as np
+    top = 0.0
+    for r in rounds:
+        q1, q3 = np.percentile(r, [25, 75])
+        top = max(top, min(max(r), q3 + 1.5 * (q3 - q1)))
+    return top * 1.15
+
+
+def peers_chart(timings: "PeerTimings", plan_name: str | None = "tensorplan") -> str:
+    """Every runner's interleaved rounds as box + points, its median written beside it. Readable when
+    one runner has outliers: whiskers only (no fliers), the axis clipped past the longest whisker with
+    the clipped rounds drawn as arrows at the edge, and a log axis when medians span more than 4x.
+    The bf16 figure is labelled as such (hatched); a noisy run says so in the title."""
     plt = _plt()
-    names = list(rounds_ms)
-    fig, ax = plt.subplots(figsize=(6, 0.9 + 0.7 * len(names)))
-    data = [rounds_ms[n] for n in names]
-    ax.boxplot(data, orientation="horizontal", tick_labels=names, widths=0.5, showfliers=False)
-    for i, v in enumerate(data, start=1):
-        ax.scatter(v, [i] * len(v), s=12, alpha=0.6, zorder=3)
-    ax.set_xlabel("ms per inference (one point per interleaved round)")
-    ax.grid(axis="x", alpha=0.3)
+    ts = sorted(timings.runners.values(), key=lambda t: -t.median_ms)
+    names = [t.label + (f" [{t.precision}]" if t.precision and t.precision != "fp32" else "") for t in ts]
+    data = [t.rounds_ms for t in ts]
+    clip = _clip_ms(data)
+    meds = [t.median_ms for t in ts]
+    log = max(meds) / max(min(meds), 1e-9) > 4.0
+    fig, ax = plt.subplots(figsize=(7, 1.0 + 0.6 * len(ts)))
+    box = ax.boxplot(data, orientation="horizontal", tick_labels=names, widths=0.5, showfliers=False,
+                     patch_artist=True, medianprops={"color": "black", "linewidth": 2})
+    for patch, t in zip(box["boxes"], ts):
+        colour = "#1f77b4" if t.name == plan_name else ("#bbbbbb" if t.precision not in (None, "fp32") else "#ff7f0e")
+        patch.set_facecolor(colour)
+        patch.set_alpha(0.45)
+        if t.precision not in (None, "fp32"):
+            patch.set_hatch("//")
+    for i, (t, v) in enumerate(zip(ts, data), start=1):
+        inside = [x for x in v if x <= clip]
+        ax.scatter(inside, [i] * len(inside), s=12, alpha=0.6, zorder=3, color="#333333")
+        out = len(v) - len(inside)
+        if out:
+            ax.scatter([clip], [i], marker=">", s=40, color="#c00", zorder=4)
+            ax.text(clip, i + 0.3, f"{out} round{'s' * (out > 1)} > {clip:.3g} ms", ha="right", fontsize=7,
+                    color="#c00")
+        ax.text(t.median_ms, i - 0.38, f"{t.median_ms:.3g} ms", ha="center", fontsize=7)
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlim(min(min(v) for v in data) * 0.8, clip)
+    else:
+        ax.set_xlim(0, clip)
+    ax.set_xlabel("ms per inference (one point per interleaved round" + ("; log scale" if log else "") + ")")
+    ax.grid(axis="x", alpha=0.3, which="both")
+    if timings.noisy:
+        ax.set_title(f"NOISY RUN: {timings.noise_reason}", color="#c00", fontsize=8, wrap=True)
     return _png(fig)
+
+
+def peers_table(timings: "PeerTimings", plan_name: str | None = "tensorplan") -> str:
+    """Every runner of the run (median, CoV, what it computes in, build time, error vs ONNX Runtime,
+    the plan's speed-up over it), the best fp32 peer marked, then the peers that were not timed."""
+    best = timings.best_peer()
+    plan = timings.runners.get(plan_name) if plan_name else None
+    rows = []
+    for t in sorted(timings.runners.values(), key=lambda t: t.median_ms):
+        mark = " (best fp32 peer)" if t.name == best else (" (beside, not a baseline)"
+                                                            if t.peer and t.precision != "fp32" else "")
+        rows.append([t.label + mark, t.precision or "", f"{t.median_ms:.3f}", f"{t.cov:.1%}",
+                     "" if t.build_s is None else f"{t.build_s:.2f}",
+                     "" if t.max_rel_error is None else f"{t.max_rel_error:.1e}",
+                     f"{t.median_ms / plan.median_ms:.2f}×" if plan and t.name != plan_name else ""])
+    for name, why in timings.skipped.items():
+        rows.append([name, "", "not timed", "", "", "", why])
+    return _table(["runtime", "precision", "median ms", "CoV of rounds", "build s", "max rel. error vs ORT",
+                   f"{plan_name} speed-up" if plan else ""], rows)
+
+
+def noise_note(timings: "PeerTimings") -> str:
+    """One paragraph: the run's noise flag and the load it ran under."""
+    load = (f"1-minute load {timings.load_before:.2f} before, {timings.load_after:.2f} after, on "
+            f"{timings.cores} usable cores; {timings.rounds} rounds ({html.escape(timings.method)})")
+    if timings.noisy:
+        return (f"<p><span class='bad'>Noisy run</span>: {html.escape(str(timings.noise_reason))}. Re-run on a "
+                f"quiet machine before quoting these figures. <span class='note'>{load}.</span></p>")
+    return f"<p><span class='ok'>Quiet run</span>: every CoV ≤ {timings.max_cov:.0%}. <span class='note'>{load}.</span></p>"
 
 
 def per_op_chart(per_op: list, top: int = 12) -> str:
@@ -111,27 +182,31 @@ def demo_report_html(rep: "DemoReport") -> str:
                  ["model", f"{rep.nodes} nodes, {rep.params / 1e6:.2f} M params, {rep.gflops:.2f} GFLOP"],
                  ["device", f"{d.name}: {d.cores} cores, {d.peak_fp32_gflops:.0f} GFLOP/s, "
                             f"{d.mem_bw_gbs:.1f} GB/s (measured)"],
-                 ["ONNX Runtime", f"{rep.ort_median_ms:.3f} ms (CoV {rep.ort_cov:.1%})"],
+                 # one ONNX Runtime figure per page: with a plan, the interleaved one below
+                 *([] if p else [["ONNX Runtime", f"{rep.ort_median_ms:.3f} ms (CoV {rep.ort_cov:.1%})"]]),
                  ["reference executor vs ONNX Runtime", f"max rel. error {rep.max_rel_error:.2e}"]]),
              f"<p>Reference executor vs ONNX Runtime: {ok} (tolerance {rep.tolerance:.0e}).</p>"]
     if p:
         pok = '<span class="ok">agree</span>' if p.agree else '<span class="bad">DISAGREE</span>'
-        tc = p.torch_compile
-        has_tc = tc.median_ms is not None
-        parts += ["<h2>Plan vs ONNX Runtime</h2>",
-                  _table(["", "tensorplan", "ONNX Runtime"] + (["torch.compile"] if has_tc else []), [
-                      ["median ms", f"{p.plan_median_ms:.3f}", f"{p.ort_median_ms:.3f}"]
-                      + ([f"{tc.median_ms:.3f}"] if has_tc else []),
-                      ["CoV of rounds", f"{p.plan_cov:.1%}", f"{p.ort_cov:.1%}"]
-                      + ([f"{tc.cov:.1%}"] if has_tc else [])]),
-                  (f"<p><b>{tc.speedup:.2f}×</b> vs torch.compile (compiled in {tc.compile_s:.1f} s, same "
-                   "inputs, same rounds).</p>" if has_tc else
-                   f"<p>torch.compile not raced: {html.escape(str(tc.skipped or 'n/a'))}.</p>"),
-                  f"<p><b>{p.speedup_vs_ort:.2f}×</b> vs ONNX Runtime; outputs {pok} "
+        t = p.peers
+        best = t.runners.get(p.best_peer) if p.best_peer else None
+        bf16 = [r for r in t.runners.values() if r.peer and r.precision not in (None, "fp32")]
+        parts += ["<h2>Plan vs the runtimes you could deploy instead</h2>",
+                  "<p>Every runtime runs the original model with the same inputs and thread count, "
+                  "interleaved in one run; the headline is the speed-up over the fastest fp32 one.</p>",
+                  noise_note(t),
+                  peers_table(t),
+                  (f"<p><b>{p.speedup_vs_best:.2f}×</b> vs the best fp32 peer, {html.escape(best.label)} "
+                   f"({best.median_ms:.3f} ms)" if best else "<p>No fp32 peer was timed")
+                  + "".join(f"; {html.escape(r.label)}, computing in {html.escape(str(r.precision))}, beside it: "
+                            f"{r.median_ms:.3f} ms ({r.median_ms / p.plan_median_ms:.2f}×, max rel. error "
+                            f"{r.max_rel_error if r.max_rel_error is not None else float('nan'):.1e})" for r in bf16)
+                  + f". <b>{p.speedup_vs_ort:.2f}×</b> vs ONNX Runtime; outputs {pok} "
                   f"(max rel. error {p.max_rel_error:.2e}). {p.kernels} kernels from {p.primitives} "
                   f"primitives, backends {html.escape(str(p.backends))}; solver {html.escape(str(p.solver))}, "
                   f"optimised in {p.optimise_s or 0:.1f} s; predicted {p.predicted_ms:.2f} ms "
-                  f"(sum of kernels timed alone).</p>"]
+                  f"(sum of kernels timed alone).</p>",
+                  f"<img alt='latency per round' src='{peers_chart(t)}'>"]
         if p.race:
             r = p.race
             parts.append("<p>Finalists raced end to end before the plan was kept (medians of "
@@ -142,8 +217,6 @@ def demo_report_html(rep: "DemoReport") -> str:
                             if r["chosen"] != r["fastest"] else "") + ".</p>")
         if p.rewrites:
             parts.append(f"<p>Exact rewrites applied before fission: {html.escape(str(p.rewrites))}.</p>")
-        if p.rounds_ms:
-            parts.append(f"<img alt='latency per round' src='{latency_chart(p.rounds_ms)}'>")
     parts += ["<h2>Where ONNX Runtime spends its time</h2>",
               f"<img alt='per operator' src='{per_op_chart(rep.per_op)}'>",
               _table(["operator", "nodes", "ms", "share"],
