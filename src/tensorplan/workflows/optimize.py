@@ -72,7 +72,8 @@ class OptimizeSummary:
     tolerance: float | None = None
     reference: str = ""
     peers_ms: dict[str, float] = field(default_factory=dict)
-    peer_notes: dict[str, str] = field(default_factory=dict)
+    peer_notes: dict[str, str] = field(default_factory=dict)   # a peer's label, or why it did not run
+    timings: dict[str, Any] = field(default_factory=dict)      # workflows.peers.PeerTimings, as data
     best_peer: str | None = None
     speedup_over_best: float | None = None
     noisy: str | None = None           # why the timing run is not to be trusted, or None
@@ -131,8 +132,9 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     own kernels only (no ONNX Runtime / OpenVINO regions). `race`: the finalists race end to end;
     `peers`: the kept plan is timed against ONNX Runtime, OpenVINO and torch.compile on the original
     model. `out_dir`: writes `plan.json`, `report.html` and, when ONNX Runtime runs the whole plan,
-    the plan as one ONNX file (`model.onnx`); otherwise the plan JSON is the artifact (`tensorplan run`). `store`: the measurement store (default the project's); `feeds`: the inputs the
-    race, the check and the timing use (default seeded random)."""
+    the plan as one ONNX file (`model.onnx`); otherwise the plan JSON is the artifact (`tensorplan
+    run`). `store`: the measurement store (default the project's); `feeds`: the inputs the race, the
+    check and the timing use (default seeded random)."""
     from tensorplan.cost.lazy import LazyCost, PredictedCost
     from tensorplan.ir.reference import random_feeds
 
@@ -201,7 +203,9 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     plan.timing["total_s"] = summary.total_s
     plan.stats["optimize"] = summary.to_dict()
     if out_dir is not None:     # the saved plan and report carry the final summary
-        _write_summary_files(plan, Path(out_dir))
+        from tensorplan.workflows.optimize_report import write_optimize_report
+        plan.save(Path(out_dir) / "plan.json")
+        write_optimize_report(plan, summary, Path(out_dir) / "report.html")
     say(f"optimize: {summary.total_s:.1f}s of a {budget:.0f}s budget; measured {summary.measured} of "
         f"{summary.unique_kernels} kernels ({100 * summary.measured_share:.1f}%), {len(iterations)} solves, "
         f"stopped: {stop}")
@@ -302,31 +306,24 @@ def _check_and_time(plan: Plan, summary: OptimizeSummary, feeds: dict[str, np.nd
                         "it with the model (`tensorplan orchestrate` plans it with measured costs meanwhile)")
     say(f"verified against ONNX Runtime on {where}: max relative error {summary.max_rel_err:.2e}")
     t0 = time.perf_counter()
-    from tensorplan.workflows.peers import peer_runners, time_interleaved
-    runners = {"tensorplan": ex.run_bound}
-    notes: dict[str, str] = {}
-    if peers:
-        for peer in peer_runners(plan.model_graph(), feeds, threads, opset):
-            if peer.runner is None:
-                notes[peer.name] = peer.skipped or "not run"
-            else:
-                runners[peer.name] = peer.runner
-                if peer.label and peer.label != peer.name:
-                    notes[peer.name] = peer.label
+    from tensorplan.workflows.peers import peer_runners, runners_of, time_interleaved
     with pinned_threads(threads):
-        timings = time_interleaved(runners)
-    summary.measured_plan_ms = timings.median_s["tensorplan"] * 1e3
-    summary.peers_ms = {k: v * 1e3 for k, v in timings.median_s.items() if k != "tensorplan"}
-    summary.peer_notes = notes
-    summary.noisy = timings.noise_reason if timings.noisy else None
-    best = timings.best_peer
-    if best is not None:
-        summary.best_peer = best
-        summary.speedup_over_best = timings.median_s[best] / timings.median_s["tensorplan"]
+        found = peer_runners(plan.model_graph(), feeds, threads, opset) if peers else []
+        timings = time_interleaved({"tensorplan": ex.run_bound, **runners_of(found)}, peers=found,
+                                   labels={"tensorplan": "tensorplan plan"})
+    summary.timings = asdict(timings)
+    summary.measured_plan_ms = timings.runners["tensorplan"].median_ms
+    summary.peers_ms = {n: t.median_ms for n, t in timings.runners.items() if t.peer}
+    summary.peer_notes = {**{p.name: p.label for p in found if p.skipped is None and p.label != p.name},
+                          **timings.skipped}
+    summary.noisy = timings.noise_reason
+    summary.best_peer = timings.best_peer()
+    if summary.best_peer is not None:
+        summary.speedup_over_best = timings.speedup_over_best("tensorplan")
     summary.phases["peers_s"] = time.perf_counter() - t0
     say("timed, interleaved: " + ", ".join(f"{k} {v:.3f} ms" for k, v in
                                            {"tensorplan": summary.measured_plan_ms, **summary.peers_ms}.items())
-        + (f" -> {summary.speedup_over_best:.2f}x over {best}" if best else "")
+        + (f" -> {summary.speedup_over_best:.2f}x over {summary.best_peer}" if summary.best_peer else "")
         + (f" (noisy run: {summary.noisy})" if summary.noisy else ""))
 
 
@@ -345,12 +342,6 @@ def _write(plan: Plan, out: Path, *, threads: int, say: Callable[[str], None]) -
         say(f"the plan runs kernels outside ONNX Runtime ({', '.join(f'{b}: {n}' for b, n in res.outside_ort.items())}"
             f"): deploy {arts['plan']} with `tensorplan run`")
     return arts
-
-
-def _write_summary_files(plan: Plan, out: Path) -> None:
-    from tensorplan.workflows.optimize_report import write_optimize_report
-    plan.save(out / "plan.json")
-    write_optimize_report(plan, out / "report.html")
 
 
 __all__ = ["Iteration", "OptimizeSummary", "optimize", "parse_budget"]
