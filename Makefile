@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 MODEL ?= candy
+BUDGET ?= 10m
 
 .PHONY: setup demo test bench clean
 
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/tensorplan demo $(MODEL) --report reports/$(MODEL).html --save-plan reports/$(MODEL).plan.json
+	$(BIN)/tensorplan optimize $(MODEL) -o reports/$(MODEL) --budget $(BUDGET)
 
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup

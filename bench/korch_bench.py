@@ -1,8 +1,11 @@
-"""Korch end to end on this CPU: tensorplan plans vs ONNX Runtime, PyTorch eager, torch.compile and
-TVM Relax, interleaved in one run at the same thread count, plus ablations.
+"""Korch end to end on this CPU: tensorplan plans vs ONNX Runtime, OpenVINO, PyTorch eager, torch.compile
+and TVM Relax, interleaved in one run at the same thread count, plus ablations.
 
 Per model: median latency of every system (rotating order, 50 ms pauses so spinning thread
-pools park), ratio to the best baseline, kernels per inference, predicted (sum of profiled
+pools park), ratio to the best fp32 baseline (the peers of tensorplan.workflows.peers: ONNX
+Runtime, OpenVINO fp32, torch.compile; plus eager and Relax; OpenVINO's default precision, bf16 on
+CPUs with bf16 units, is timed beside and labelled, never the baseline), a noise flag (CoV of
+rounds above 10 % or load above the cores), kernels per inference, predicted (sum of profiled
 kernels) vs measured end-to-end, optimisation time split (enumerate / profile / solve), and
 distance to the roofline bound (FLOPs / measured peak, minimum bytes / measured bandwidth).
 Ablations: no ONNX Runtime regions (Korch's kernels only), no fission, greedy fusion over the
@@ -59,17 +62,15 @@ def machine_info(threads: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------- systems
+# ONNX Runtime, OpenVINO (fp32 and its default precision) and torch.compile are the peers of
+# tensorplan.workflows.peers, built on the original model and checked against ONNX Runtime;
+# PyTorch eager and TVM Relax stay here as extra columns.
 def ort_runner(path: Path, feeds: dict, threads: int):
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    f = {k: feeds[k] for k in names}
+    """One more ONNX Runtime session as the peers build it (the `ort-control` column; also used by
+    bench/korch_standalone.py): (runner, session)."""
+    from tensorplan.workflows.peers import ort_cpu_session
+    sess = ort_cpu_session(str(path), threads)
+    f = {i.name: feeds[i.name] for i in sess.get_inputs()}
     return lambda: sess.run(None, f), sess
 
 
@@ -86,21 +87,17 @@ def eager_runner(name: str):
 
 
 def compile_runner(name: str, cache: Path):
-    import torch
-
+    """torch.compile of zoo model `name` as the peers build it (for bench/korch_standalone.py):
+    (runner, compile seconds)."""
     from tensorplan import zoo
+    from tensorplan.workflows.peers import torch_compile_peer
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-    module, inputs = zoo.build_torch(name)
-    cm = torch.compile(module)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        cm(*inputs)
-    compile_s = time.perf_counter() - t0
-
-    def run():
-        with torch.inference_mode():
-            return cm(*inputs)
-    return run, compile_s
+    g = zoo.load(name)
+    feeds = zoo.numpy_inputs(name)
+    peer = torch_compile_peer(g, 17, [feeds[n] for n in g.inputs], None)
+    if peer.skipped:
+        raise RuntimeError(f"{name}: {peer.skipped}")
+    return peer.runner, peer.build_s
 
 
 def relax_runner(graph, feeds: dict, threads: int):
@@ -147,8 +144,8 @@ def bench_model(name: str, args, store) -> dict:
     from tensorplan.ir.reference import rel_error
     from tensorplan.paths import cache_dir
     from tensorplan.workflows.orchestrate import orchestrate
-    from tensorplan.measure.timer import interleaved
     from tensorplan.runtime.executor import PlanExecutor, ort_reference
+    from tensorplan.workflows.peers import peer_runners, runners_of, time_interleaved
 
     res: dict = {"model": name, "threads": args.threads, "quick": args.quick, "started": time.time(),
                  "loadavg_start": list(os.getloadavg())}
@@ -223,8 +220,17 @@ def bench_model(name: str, args, store) -> dict:
     # -- build everything, then time interleaved -------------------------------------------
     runners: dict = {}
     info: dict = {"systems": {}}
-    fn, _sess = ort_runner(path, feeds, args.threads)
-    runners["onnxruntime"] = fn
+    # the peers on the original model (ONNX Runtime, OpenVINO fp32 + its default precision, torch.compile),
+    # each checked against ONNX Runtime; one that fails is recorded with why
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    peers = peer_runners(g, feeds, args.threads, torch_compile=not args.no_compile, log=lambda m: log(f"  {m}"))
+    runners.update(runners_of(peers))
+    info["peers"] = {p.name: {"label": p.label, "precision": p.precision, "build_s": p.build_s,
+                              "max_rel_err_vs_ort": p.max_rel_error, "note": p.error_note, "skipped": p.skipped}
+                     for p in peers}
+    for p in peers:
+        info["systems"][p.name] = ({"error": p.skipped} if p.skipped else
+                                   {"compile_s": p.build_s, "precision": p.precision, "max_rel_err": p.max_rel_error})
     # a second, identical ONNX Runtime session: not a baseline but the noise floor of this run
     # (how far two identical systems timed interleaved in one process land apart)
     fn, _sess2 = ort_runner(path, feeds, args.threads)
@@ -242,13 +248,6 @@ def bench_model(name: str, args, store) -> dict:
                                       else None}
     except Exception as e:  # noqa: BLE001
         info["systems"]["pytorch"] = {"error": f"{type(e).__name__}: {e}"}
-    if not args.no_compile:
-        try:
-            fn, cs = compile_runner(name, cache_dir())
-            runners["torch.compile"] = fn
-            info["systems"]["torch.compile"] = {"compile_s": cs}
-        except Exception as e:  # noqa: BLE001
-            info["systems"]["torch.compile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     executors = {}
     for key, plan in plans.items():
         try:
@@ -273,7 +272,8 @@ def bench_model(name: str, args, store) -> dict:
     from tensorplan.devices.detect import GEMM_BACKENDS
     runners[GEMM_PROBE] = GEMM_BACKENDS["onnxruntime"](GEMM_PROBE_N, args.threads)
     log(f"  timing {len(runners) - 1} systems + the GEMM probe x {args.rounds} rounds (interleaved)")
-    times = interleaved(runners, args.rounds, burst_s=args.burst_ms / 1e3)  # tensorplan.measure.timer
+    timed = time_interleaved(runners, args.rounds, peers=peers, burst_s=args.burst_ms / 1e3)  # workflows.peers
+    times = {k: [x / 1e3 for x in t.rounds_ms] for k, t in timed.runners.items()}
     probe = times.pop(GEMM_PROBE)
     res["gemm_probe_gflops"] = [round(2.0 * GEMM_PROBE_N ** 3 / t / 1e9, 1) for t in probe]
     res["burst_ms"] = args.burst_ms
@@ -295,8 +295,17 @@ def bench_model(name: str, args, store) -> dict:
             info["systems"]["tvm-relax"] = {"build_s": build_s, "note": "untuned default build, timed separately"}
         except Exception as e:  # noqa: BLE001
             info["systems"]["tvm-relax"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-    baselines = [k for k in ("onnxruntime", "pytorch", "torch.compile", "tvm-relax") if k in med]
+    # every fp32 baseline competes for "best" (OpenVINO fp32 included); OpenVINO's default (bf16 on
+    # CPUs with bf16 units) is a column beside them, never the baseline
+    fp32_peers = [p.name for p in peers if p.skipped is None and p.fp32]
+    baselines = [k for k in (*fp32_peers, "pytorch", "tvm-relax") if k in med]
     best = min(baselines, key=lambda k: med[k])
+    res["best_fp32_peer"] = timed.best_peer()
+    res["beside"] = {p.name: p.precision for p in peers if p.skipped is None and not p.fp32}
+    # workflows.peers' noise flag: any system's (or the GEMM probe's) rounds spread above 10 %, or the
+    # 1-minute load above the usable cores just before or after the interleaved run
+    res["noisy"], res["noise_reason"] = timed.noisy, timed.noise_reason
+    res["loadavg_timing"] = [timed.load_before, timed.load_after]
     res.update(info)
     res["median_ms"] = {k: v * 1e3 for k, v in med.items()}
     res["cov"] = {k: (statistics.pstdev(v) / statistics.mean(v) if len(v) > 1 else 0.0) for k, v in times.items()}
@@ -305,7 +314,7 @@ def bench_model(name: str, args, store) -> dict:
     if "tensorplan" in med:
         tp = med["tensorplan"]
         res["speedup_vs_best_baseline"] = med[best] / tp
-        res["speedup_vs"] = {k: med[k] / tp for k in baselines}
+        res["speedup_vs"] = {k: med[k] / tp for k in (*baselines, *res["beside"]) if k in med}
         if best in times and len(times[best]) == len(times["tensorplan"]):
             # the same ratio taken round by round (both ran in every round, seconds apart): robust
             # to the machine's slow phases, which move every system of a round together
@@ -375,7 +384,10 @@ def summarize(per_model: dict, machine: dict) -> dict:
                        "speedup": r.get("speedup_vs_best_baseline"), "roofline_ms": r["roofline"]["bound_ms"],
                        "vs_roofline": r.get("vs_roofline"), "vs_roofline_in_run": r.get("vs_roofline_in_run"),
                        "speedup_paired": r.get("speedup_paired_median"), "kernels": r.get("kernels_per_inference"),
-                       "predicted_ms": r.get("predicted_ms")} for m, r in per_model.items() if "median_ms" in r]}
+                       "predicted_ms": r.get("predicted_ms"), "best_fp32_peer": r.get("best_fp32_peer"),
+                       "beside_ms": {k: r["median_ms"].get(k) for k in r.get("beside") or {}},
+                       "noisy": r.get("noisy"), "noise_reason": r.get("noise_reason")}
+                      for m, r in per_model.items() if "median_ms" in r]}
 
 
 def main(argv=None) -> int:
@@ -445,7 +457,8 @@ def main(argv=None) -> int:
             log(f"{name}: tensorplan {r.get('measured_ms', float('nan')):.2f} ms, best baseline "
                 f"{r.get('best_baseline')} {r['median_ms'].get(r.get('best_baseline'), float('nan')):.2f} ms, "
                 f"speedup {r.get('speedup_vs_best_baseline', float('nan')):.2f}x, "
-                f"{r.get('vs_roofline', float('nan')):.2f}x roofline")
+                f"{r.get('vs_roofline', float('nan')):.2f}x roofline"
+                + (f"; NOISY RUN: {r['noise_reason']}" if r.get("noisy") else ""))
         per_model[name] = r
     for p in sorted(results.glob("korch_*.json")):   # models of earlier runs stay in the summary
         name = p.stem[len("korch_"):]

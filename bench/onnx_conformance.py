@@ -18,7 +18,8 @@ Each case is classified `pass` / `error` (a `TensorplanError`: one clear message
 
     .venv/bin/python bench/onnx_conformance.py [--ops Add,Conv] [--no-ort] [--out FILE]
 
-writes bench/results/onnx_conformance.json (with the machine description);
+writes bench/results/onnx_conformance.json (with the machine description; `summary.ort_only_by_reason`
+groups the cases ONNX Runtime passes and tensorplan refuses by reason, `GAP_REASONS`);
 tests/test_onnx_conformance.py runs the same functions (without ONNX Runtime) in `make test`.
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ SHAPE_INPUTS: dict[str, set[int]] = {
     "AffineGrid": {1}, "DFT": {1, 2}, "STFT": {1, 3}, "HannWindow": {0}, "HammingWindow": {0},
     "BlackmanWindow": {0}, "MelWeightMatrix": {0, 1, 2, 3, 4}, "Dropout": {1, 2},
     "Trilu": {1}, "NonMaxSuppression": {2, 3, 4}, "SplitToSequence": {1},
+    "Loop": {0, 1},  # trip count and first condition: how many iterations, so scan-output shapes
 }
 
 
@@ -346,6 +348,23 @@ def overall(row: dict) -> str:
     return row["status"]
 
 
+#: why ONNX Runtime passes a case tensorplan refuses: (group, pattern in tensorplan's message)
+GAP_REASONS: list[tuple[str, str]] = [
+    ("string tensors", r"element type STRING"),
+    ("data-dependent output shape", r"data-dependent shape|depends on input values|shape depends on runtime"),
+    ("control flow decided at run time", r"could not be constant-folded"),
+    ("old operator version not converted", r"is older than tensorplan implements|opset \d+ is outside"),
+]
+
+
+def gap_reason(row: dict) -> str:
+    """The group of a case ONNX Runtime passes and tensorplan refuses (see `GAP_REASONS`)."""
+    for group, pattern in GAP_REASONS:
+        if re.search(pattern, row.get("message", "")):
+            return group
+    return "other"
+
+
 def summarize(rows: list[dict]) -> dict:
     fams: dict[str, dict[str, int]] = {}
     for r in rows:
@@ -358,7 +377,11 @@ def summarize(rows: list[dict]) -> dict:
             f["ort_pass"] += 1
             f["both_pass" if c == "pass" else "ort_only"] += 1
     total = {k: sum(f[k] for f in fams.values()) for k in next(iter(fams.values()))} if fams else {}
-    return {"families": fams, "total": total}
+    gap: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("ort") == "pass" and overall(r) != "pass":
+            gap.setdefault(gap_reason(r), []).append(r["name"])
+    return {"families": fams, "total": total, "ort_only_by_reason": gap}
 
 
 def _compact(row: dict) -> dict:

@@ -48,6 +48,9 @@ STEPS: list[tuple[str, list[str], float]] = [
     ("cdmpp-accuracy", [TP, "predictor", "evaluate", "--devices", "local-1t,local-2t", "--holdout",
                     "efficientvit-b1,tiny-mlp,mobilenet-v2", "--time-scale", "0.625",
                     "--out", "bench/results/cdmpp_eval.json"], 80),
+    # `tensorplan predict --measure` with the default tuned picks on the 7 models and 3 outside the dataset,
+    # against ONNX Runtime in the same run (issue 59)
+    ("predict-tuned", [PY, "bench/predict_tuned.py"], 60),
     ("summarize", [PY, "bench/summarize.py"], 0.1),
 ]
 

@@ -209,7 +209,7 @@ def _mutate(m: onnx.ModelProto, kind: int, a: int, b: int) -> None:
     elif kind == 6:                                              # another opset
         for o in m.opset_import:
             if o.domain in ("", "ai.onnx"):
-                o.version = 9 + b % (MAX_OPSET - 6)
+                o.version = 7 + b % (MAX_OPSET - 4)
     elif kind == 7 and node is not None and node.input:          # drop an input
         del node.input[b % len(node.input)]
     elif kind == 8 and g.input:                                  # an input's declared shape

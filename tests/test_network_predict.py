@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from tensorplan.errors import TensorplanError
-from tensorplan.cdmpp.predict import (DEFAULT, TUNED, KernelPrediction, NetworkPrediction, SchedulePrediction,
-                                      local_threads, measured_summary, predict, usable_cores)
+from tensorplan.cdmpp.predict import (DEFAULT, DEFAULT_TUNED, TUNED, KernelPrediction, NetworkPrediction,
+                                      SchedulePrediction, local_threads, measured_summary, predict, usable_cores)
 
 
 def _kernel(name, calls, pred_us, meas_us=None, sample=0, tuned=None, error=None):
@@ -46,43 +46,91 @@ def test_measured_summary_weights_totals_by_calls_and_skips_unmeasured():
 def test_measured_summary_reports_the_tuned_picks_over_kernels_timed_both_ways():
     ks = [_kernel("a", 2, 10.0, 20.0, 0, (3, 5.0, 8.0)), _kernel("b", 1, 30.0, 30.0, 0, (0, 30.0, 30.0)),
           _kernel("c", 1, 5.0, 4.0, 1, (2, 4.0, None))]
-    t = measured_summary(ks).tuned
+    m = measured_summary(ks)
+    t = m.tuned
     assert (t.kernels, t.changed, t.kernels_slower) == (2, 1, 0)
     assert t.predicted_s == pytest.approx((2 * 5 + 30) / 1e6)
     assert t.measured_s == pytest.approx((2 * 8 + 30) / 1e6)
     assert t.measured_speedup == pytest.approx((2 * 20 + 30) / (2 * 8 + 30))
+    # the picks' own error, each kernel once (a: 5 vs 8 µs, b: 30 vs 30), and the whole-network ratio
+    assert t.per_kernel["n"] == 2 and t.per_kernel["mape_pct"] == pytest.approx(100 * (3 / 8 + 0) / 2)
+    assert t.total_ratio == pytest.approx(40 / 46) and m.counted is t
+    d = m.to_dict()
+    assert d["schedules"] == "default" and d["tuned"]["per_kernel"]["mape_pct"] == pytest.approx(18.75)
+    assert d["tuned"]["total_ape_pct"] == pytest.approx(100 * 6 / 46)
     for k in ks:
         k.tuned.measured_s = None
-    assert measured_summary(ks).tuned is None
+    assert measured_summary(ks).tuned is None and measured_summary(ks).counted.per_kernel["n"] == 3
 
 
-def test_predict_returns_the_default_schedules_total_and_says_so():
-    """`predict` on this CPU: one object whose total is the call-weighted sum of its kernels, each
-    naming the schedule it was predicted with (the default, untuned one); `tuned=N` adds each
-    kernel's pick and a second total, never above the default one; a Graph and a DeviceSpec are
-    accepted as they are and give the same prediction as the spec and the name."""
+def test_predict_reports_tuned_picks_by_default_and_the_untuned_total_beside_them():
+    """`predict` on this CPU: by default each kernel's first DEFAULT_TUNED samples are ranked by the
+    model and the total sums the predicted-fastest (labelled tuned); the default schedule is each
+    kernel's first candidate, so its prediction is the same as with `tuned=0` and the tuned total is
+    never above the untuned one, which stays beside it. `tuned=0` gives the default schedules alone,
+    and a Graph and a DeviceSpec are accepted as they are and give the same prediction."""
     from tensorplan.devices import resolve
     from tensorplan.zoo.specs import load_model
 
     p = predict("tiny-cnn", device="local")
     assert isinstance(p, NetworkPrediction) and p.domain == f"local-{usable_cores()}t" and p.kind == "cpu"
-    assert len(p.kernels) >= 4 and p.tuned == 0 and p.tuned_total_s is None and p.measured is None
-    assert all(k.default.kind == DEFAULT and k.default.sample is not None and k.tuned is None for k in p.kernels)
-    assert p.total_s == pytest.approx(sum(k.calls * k.predicted_s for k in p.kernels)) and p.total_s > 0
-    assert "default schedule" in p.what and "untuned" in p.what
+    assert len(p.kernels) >= 4 and p.tuned == DEFAULT_TUNED and p.total_is == TUNED and p.measured is None
+    assert all(k.tuned.kind == TUNED and 1 <= k.tuned.candidates <= DEFAULT_TUNED and k.pick is k.tuned
+               for k in p.kernels)
+    assert any(k.tuned.candidates > 1 for k in p.kernels)
+    assert all(k.tuned.predicted_s <= k.default.predicted_s * (1 + 1e-9) for k in p.kernels)
+    assert p.total_s == pytest.approx(sum(k.calls * k.tuned.predicted_s for k in p.kernels)) and p.total_s > 0
+    assert p.tuned_total_s == p.total_s and p.untuned_total_s == pytest.approx(sum(k.total_s for k in p.kernels))
+    assert 0 < p.total_s <= p.untuned_total_s
+    assert "predicted-fastest of its first 32" in p.what and "tuned kernels" in p.what and "untuned total" in p.what
     d = p.to_dict()
-    assert d["total_ms"] == pytest.approx(sum(k["total_us"] for k in d["kernels"]) / 1e3)
-    assert d["n_kernels"] == len(p.kernels) and all(k["schedule"] == DEFAULT for k in d["kernels"])
-    assert d["predicted"] == p.what and json.loads(json.dumps(d)) == d
-    t = predict("tiny-cnn", device="local", tuned=3)
-    assert t.total_s == pytest.approx(p.total_s) and "predicted-fastest" in t.what
-    assert all(k.tuned.kind == TUNED and 1 <= k.tuned.candidates <= 3 for k in t.kernels)
-    assert all(k.tuned.predicted_s <= k.default.predicted_s * (1 + 1e-9) for k in t.kernels)
-    assert t.tuned_total_s == pytest.approx(sum(k.calls * k.tuned.predicted_s for k in t.kernels))
-    g = predict(load_model("tiny-cnn"), device=resolve("local"))
+    assert d["total_is"] == TUNED and d["tuned"] == DEFAULT_TUNED and d["predicted"] == p.what
+    assert d["total_ms"] == d["tuned_total_ms"] == pytest.approx(sum(k["tuned_total_us"] for k in d["kernels"]) / 1e3)
+    assert d["untuned_total_ms"] == pytest.approx(sum(k["total_us"] for k in d["kernels"]) / 1e3)
+    assert d["total_ms"] <= d["untuned_total_ms"] and json.loads(json.dumps(d)) == d
+
+    u = predict("tiny-cnn", device="local", tuned=0)
+    assert u.tuned == 0 and u.total_is == DEFAULT and u.tuned_total_s is None
+    assert all(k.default.kind == DEFAULT and k.default.sample is not None and k.tuned is None and k.pick is k.default
+               for k in u.kernels)
+    assert "default schedule" in u.what and "untuned" in u.what and "predicted-fastest" not in u.what
+    assert u.total_s == u.untuned_total_s == pytest.approx(sum(k.calls * k.predicted_s for k in u.kernels))
+    # the default schedule is among the tuned candidates: the same draw, predicted the same
+    assert [k.default.sample for k in u.kernels] == [k.default.sample for k in p.kernels]
+    assert [k.default.predicted_s for k in u.kernels] == pytest.approx([k.default.predicted_s for k in p.kernels],
+                                                                     rel=1e-5)
+    assert u.total_s == pytest.approx(p.untuned_total_s, rel=1e-5)
+    d = u.to_dict()
+    assert d["total_is"] == DEFAULT and d["total_ms"] == pytest.approx(d["untuned_total_ms"])
+    assert "tuned_total_ms" not in d and all(k["schedule"] == DEFAULT and "tuned_us" not in k for k in d["kernels"])
+    g = predict(load_model("tiny-cnn"), device=resolve("local"), tuned=0)
     assert g.model == "tiny-cnn" and g.domain == p.domain
     assert [k.key for k in g.kernels] == [k.key for k in p.kernels]
-    assert g.total_s == pytest.approx(p.total_s, rel=1e-5)
+    assert g.total_s == pytest.approx(u.total_s, rel=1e-5)
+
+
+def test_the_picks_programs_are_the_ones_predicted(tmp_path):
+    """Kernels are sampled and featurised in forked workers and their modules rebuilt from the draw
+    (`scheduled_module`) to be timed or saved: the rebuilt pick featurises to the very compact AST
+    the model ranked, and a serial run (one worker) draws the same samples."""
+    import numpy as np
+
+    from tensorplan.cdmpp.features import compact_ast
+    from tensorplan.cdmpp.predict import model_onnx, network_programs, resolve_device, scheduled_module
+
+    path, name = model_onnx("tiny-cnn")
+    spec, dom = resolve_device("local")
+    tasks, _, progs, first, asts, _ = network_programs(path, name, dom, tuned=4, device=spec)
+    serial = network_programs(path, name, dom, tuned=4, device=spec, workers=1)
+    assert progs == serial[2] and first == serial[3]
+    starts: dict = {}
+    for j, sample in progs:                                              # each task's rows together, default first
+        starts.setdefault(j, sample)
+    assert [j for j, _ in progs] == sorted(j for j, _ in progs) and list(starts.values()) == first
+    for row in (0, len(progs) - 1):
+        j, sample = progs[row]
+        again = compact_ast(scheduled_module(tasks[j], None, sample))
+        np.testing.assert_array_equal(again.leaf_features, asts[row].leaf_features)
 
 
 @pytest.mark.slow
@@ -94,13 +142,17 @@ def test_tuned_prediction_ranks_each_kernels_schedules_and_times_the_picks(tmp_p
     r = _cli("predict", "tiny-cnn", "--device", "local-1t", "--shipped", "--tuned", "6", "--measure", "--json",
              "--save-schedules", str(tmp_path / "sched"), env=env)
     ks = r["kernels"]
-    assert r["tuned"] == 6 and all(1 <= k["candidates"] <= 6 for k in ks)
+    assert r["tuned"] == 6 and r["total_is"] == TUNED and all(1 <= k["candidates"] <= 6 for k in ks)
     assert any(k["candidates"] > 1 for k in ks)
     assert all(k["tuned_us"] <= k["predicted_us"] * (1 + 1e-9) for k in ks)
     assert r["tuned_total_ms"] == pytest.approx(sum(k["calls"] * k["tuned_us"] for k in ks) / 1e3)
-    assert r["tuned_total_ms"] <= r["total_ms"]
+    assert r["total_ms"] == r["tuned_total_ms"] <= r["untuned_total_ms"]
     t = r["measured"]["tuned"]
     assert t["kernels"] == r["n_kernels"] and t["measured_ms"] > 0 and t["measured_speedup"] > 0
+    # the picks' per-kernel error and whole-network ratio, over the picks' own timings
+    assert t["per_kernel"]["n"] == r["n_kernels"] and t["per_kernel"]["mape_pct"] >= 0
+    assert t["measured_ms"] == pytest.approx(sum(k["calls"] * k["tuned_measured_us"] for k in ks) / 1e3)
+    assert t["total_ratio"] == pytest.approx(r["total_ms"] / t["measured_ms"])
     for k in ks:
         assert k["tuned_measured_us"] > 0
         if k["tuned_sample"] == k["sample"]:
@@ -116,6 +168,25 @@ def test_tuned_prediction_ranks_each_kernels_schedules_and_times_the_picks(tmp_p
         tvm.compile(mod, target="llvm")
     with pytest.raises(TensorplanError, match="tuned"):
         predict("tiny-mlp", tuned=-1)
+
+
+def test_cli_predicts_tuned_by_default_and_untuned_on_request(tmp_path):
+    """`tensorplan predict MODEL`: the tuned total (DEFAULT_TUNED schedules per kernel) is the headline
+    and the table says so with the untuned total beside it; `--untuned` predicts the default schedules;
+    `--untuned` with `--tuned N` is one usage error."""
+    env = {**os.environ, "TENSORPLAN_CACHE": str(tmp_path / "cache"), "COLUMNS": "250"}
+    r = subprocess.run([sys.executable, "-m", "tensorplan", "predict", "tiny-mlp", "--shipped"], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = " ".join(r.stdout.split())                 # rich wraps the title to the table's width
+    assert f"tuned: the predicted-fastest of {DEFAULT_TUNED} schedules per kernel, none timed; untuned" in out
+    assert "untuned total (default schedules, --untuned)" in out
+    u = _cli("predict", "tiny-mlp", "--shipped", "--untuned", "--json", env=env)
+    assert u["tuned"] == 0 and u["total_is"] == DEFAULT and u["total_ms"] == pytest.approx(u["untuned_total_ms"])
+    assert all(k["schedule"] == DEFAULT for k in u["kernels"])
+    both = subprocess.run([sys.executable, "-m", "tensorplan", "predict", "tiny-mlp", "--untuned", "--tuned", "4"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert both.returncode == 2 and "--untuned" in both.stderr and "Traceback" not in both.stderr
 
 
 def test_measure_only_on_this_machines_domains():
@@ -163,7 +234,8 @@ def test_calibrate_here_then_predict_with_measurement(tmp_path):
     assert m["threads"] == 1 and m["kernels_measured"] == r["n_kernels"] >= 3 and not m["kernels_failed"]
     assert all(k["measured_us"] > 0 and k["measured_cov"] >= 0 for k in r["kernels"])
     assert m["measured_ms"] == pytest.approx(sum(k["calls"] * k["measured_us"] for k in r["kernels"]) / 1e3)
-    assert m["total_ratio"] == pytest.approx(r["total_ms"] / m["measured_ms"])
+    assert m["total_ratio"] == pytest.approx(r["untuned_total_ms"] / m["measured_ms"])     # the default schedules
+    assert m["tuned"]["total_ratio"] == pytest.approx(r["total_ms"] / m["tuned"]["measured_ms"])   # the picks
     # the largest kernel (a matmul of most of the FLOPs) takes longer than the smallest one
     big = max(r["kernels"], key=lambda k: k["flops"])
     small = min(r["kernels"], key=lambda k: k["flops"])
@@ -178,9 +250,9 @@ def test_a_gpu_is_predicted_from_cuda_programs_with_the_shipped_h100_model():
 
     r = predict("tiny-cnn", device="h100")
     assert r.kind == "gpu" and r.trained_on == ["h100"] and r.warning is None and not r.zero_shot
-    assert r.weights == str(SHIPPED_GPU_MODEL) and len(r.kernels) >= 4
+    assert r.weights == str(SHIPPED_GPU_MODEL) and len(r.kernels) >= 4 and r.total_is == TUNED
     assert all(k.default.kind == DEFAULT and k.default.sample is not None and k.predicted_s > 0 for k in r.kernels)
-    assert r.total_s == pytest.approx(sum(k.total_s for k in r.kernels))
+    assert r.total_s == pytest.approx(sum(k.pick_total_s for k in r.kernels)) and r.total_s <= r.untuned_total_s
     with pytest.raises(TensorplanError, match="is a GPU, but .* was trained on CPU domains only"):
         predict("tiny-cnn", device="h100", weights=str(SHIPPED_GPU_MODEL.with_name("cdmpp-local.pt")))
     with pytest.raises(TensorplanError, match="no CUDA target tag"):
@@ -188,13 +260,13 @@ def test_a_gpu_is_predicted_from_cuda_programs_with_the_shipped_h100_model():
     # the catalog's h100-sxm is the H100 the model learnt (same device vector): no zero-shot warning,
     # named or passed as its spec
     for dev in ("h100-sxm", resolve("h100-sxm")):
-        sxm = predict("tiny-cnn", device=dev)
+        sxm = predict("tiny-cnn", device=dev, tuned=0)
         assert sxm.same_device_as == "h100" and sxm.warning is None
-        assert sxm.total_s == pytest.approx(r.total_s)
-    pcie = predict("tiny-cnn", device="h100-pcie")
+        assert sxm.total_s == pytest.approx(r.untuned_total_s)
+    pcie = predict("tiny-cnn", device="h100-pcie", tuned=0)
     assert pcie.same_device_as is None and pcie.zero_shot and "zero-shot" in pcie.warning
     # TVM has no H200 tag: the catalog schedules it as the H100 (same die), the programs it ran
-    h200 = predict("tiny-cnn", device="h200")
+    h200 = predict("tiny-cnn", device="h200", tuned=0)
     assert [k.key for k in h200.kernels] == [k.key for k in r.kernels]
     assert [k.default.sample for k in h200.kernels] == [k.default.sample for k in r.kernels]
     assert "zero-shot" in h200.warning and h200.total_s > 0
@@ -204,7 +276,7 @@ def test_big_convolutions_get_a_valid_cuda_schedule():
     """resnet-50's 3x3 convolutions need up to ~100 draws before the CUDA postprocessors accept one;
     with too few draws they fell back to the plain loop nest (no thread binding) and were predicted
     at 5-20 ms each."""
-    r = predict("resnet-50", device="h100")
+    r = predict("resnet-50", device="h100", tuned=0)
     assert r.unscheduled == []
     assert all(k.default.kind == DEFAULT for k in r.kernels)
 
@@ -214,7 +286,7 @@ def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
 
     from tensorplan.cdmpp.arrays import device_features
     from tensorplan.cdmpp.model import load_shipped
-    r = predict("tiny-mlp", device="epyc-9654")
+    r = predict("tiny-mlp", device="epyc-9654", tuned=0)
     assert r.kind == "cpu" and r.zero_shot and "never on 'epyc-9654'" in r.warning and "calibrate" in r.warning
     # the same domain name learnt with another machine's device vector is zero-shot too
     est = load_shipped()
@@ -222,7 +294,7 @@ def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
     for name, vec, warned in (("same", here, False), ("other", np.asarray(here) * 1.5, True)):
         est.domain_features_ = {"local-1t": list(map(float, vec))}
         p = est.save(tmp_path / f"{name}.pt")
-        r = predict("tiny-mlp", device="local-1t", weights=str(p))
+        r = predict("tiny-mlp", device="local-1t", weights=str(p), tuned=0)
         assert (r.warning is not None and "learnt 'local-1t' on another machine" in r.warning) == warned
     # and it says which figures differ, in natural units, and that they lie outside what it learnt
     assert "peak_gflops" in r.warning and "mem_bw_gbs" in r.warning
@@ -230,7 +302,7 @@ def test_predictions_for_a_device_the_model_never_saw_say_so(tmp_path):
     assert any(o.startswith("mem_bw_gbs") for o in r.outside_learnt)
     # a model that learnt this CPU as another domain (zen4-1t) predicts it in-domain: no warning
     est.domain_features_ = {"local-1t": list(map(float, np.asarray(here) * 1.5)), "zen4-1t": list(map(float, here))}
-    r = predict("tiny-mlp", device="local-1t", weights=str(est.save(tmp_path / "both.pt")))
+    r = predict("tiny-mlp", device="local-1t", weights=str(est.save(tmp_path / "both.pt")), tuned=0)
     assert r.warning is None and r.same_device_as == "zen4-1t" and not r.zero_shot
 
 
@@ -327,7 +399,7 @@ def test_predictions_below_the_devices_roofline_floor_are_flagged(capsys):
     slow = dataclasses.replace(resolve("local"), name="slow-cpu", peak_fp32_gflops=1e-9, mem_bw_gbs=1e-9,
                                l1_kb=0.0, l2_kb=0.0, l3_kb=0.0)
     logs: list[str] = []
-    p = predict("tiny-cnn", device=slow, log=logs.append)
+    p = predict("tiny-cnn", device=slow, log=logs.append, tuned=0)
     assert len(p.kernels) >= 4 and all(k.below_floor for k in p.kernels)
     assert p.below_floor == [k.name for k in p.kernels] and p.total_below_floor and p.total_s < p.floor_s
     assert f"{len(p.kernels)} of {len(p.kernels)} kernels predicted below the roofline floor" in p.floor_warning

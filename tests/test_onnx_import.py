@@ -238,11 +238,11 @@ def test_non_default_domain_runs_in_onnxruntime_or_is_rejected_by_name():
         import_onnx(m)
 
 
-@pytest.mark.parametrize("opset", [9, 10, 27, 28])
+@pytest.mark.parametrize("opset", [0, 27, 28])
 def test_opset_out_of_range(opset):
     m = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])],
                    opset=opset)
-    with pytest.raises(ModelImportError, match=f"opset {opset} .*11..26"):
+    with pytest.raises(ModelImportError, match=f"opset {opset} .*1..26"):
         import_onnx(m)
 
 
@@ -632,3 +632,228 @@ def test_reference_can_declare_the_versions_it_implements(monkeypatch):
                                                r"tensorplan implements \(TopK up to version 11\)"):
         import_onnx(_newest_opset_model(24))
     assert import_onnx(_newest_opset_model(22)).opset == 22  # TopK 11 there
+
+
+# ---------------------------------------------------------------- older opsets (converted to 11)
+def _init(name, arr):
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+_R = np.random.default_rng(0)
+_BN = [_init(k, _R.random(3).astype(np.float32) + (0.5 if k == "var" else 0)) for k in ("s", "b", "mu", "var")]
+_X = [vi("x", [2, 3, 4, 5])]
+_N = helper.make_node
+#: name -> (opset, nodes, inputs, outputs, initializers): each operator version that differs from
+#: its opset-11 version and that import converts (`onnx_import._UPGRADES`), in its old form.
+OLD_FORMS = {
+    "upsample7_nearest": (7, [_N("Upsample", ["x"], ["y"], mode="nearest", scales=[1., 1., 2., 3.])], _X, [vi("y", [2, 3, 8, 15])], []),
+    "upsample7_linear": (7, [_N("Upsample", ["x"], ["y"], mode="linear", scales=[1., 1., 1.5, 2.5])], _X, [vi("y", [2, 3, 6, 12])], []),
+    "upsample9_nearest": (9, [_N("Upsample", ["x", "s"], ["y"], mode="nearest")], _X, [vi("y", [2, 3, 13, 8])], [_init("s", np.float32([1, 1, 3.3, 1.7]))]),
+    "upsample9_linear": (9, [_N("Upsample", ["x", "s"], ["y"], mode="linear")], _X, [vi("y", [2, 3, 8, 10])], [_init("s", np.float32([1, 1, 2, 2]))]),
+    "resize10_nearest_up": (10, [_N("Resize", ["x", "s"], ["y"], mode="nearest")], _X, [vi("y", [2, 3, 6, 12])], [_init("s", np.float32([1, 1, 1.5, 2.5]))]),
+    "resize10_nearest_down": (10, [_N("Resize", ["x", "s"], ["y"], mode="nearest")], _X, [vi("y", [2, 3, 2, 4])], [_init("s", np.float32([1, 1, 0.6, 0.8]))]),
+    "resize10_linear_down": (10, [_N("Resize", ["x", "s"], ["y"], mode="linear")], _X, [vi("y", [2, 3, 2, 4])], [_init("s", np.float32([1, 1, 0.6, 0.8]))]),
+    "slice1": (9, [_N("Slice", ["x"], ["y"], starts=[1, -4], ends=[3, 1000], axes=[1, 3])], _X, [vi("y", [2, 2, 4, 4])], []),
+    "slice1_no_axes": (9, [_N("Slice", ["x"], ["y"], starts=[0, 1], ends=[1, 3])], _X, [vi("y", [1, 2, 4, 5])], []),
+    "slice10_steps": (10, [_N("Slice", ["x", "st", "en", "ax", "sp"], ["y"])], _X, [vi("y", [2, 3, 2, 5])], [_init("st", np.int64([3])), _init("en", np.int64([0])), _init("ax", np.int64([2])), _init("sp", np.int64([-2]))]),
+    "pad2_constant": (9, [_N("Pad", ["x"], ["y"], pads=[0, 1, 0, 2, 0, 0, 1, 1], value=1.5)], _X, [vi("y", [2, 4, 5, 8])], []),
+    "pad2_reflect": (9, [_N("Pad", ["x"], ["y"], pads=[0, 0, 1, 2, 0, 0, 1, 1], mode="reflect")], _X, [vi("y", [2, 3, 6, 8])], []),
+    "pad2_edge": (10, [_N("Pad", ["x"], ["y"], pads=[0, 0, 1, 2, 0, 0, 1, 1], mode="edge")], _X, [vi("y", [2, 3, 6, 8])], []),
+    "dropout7_ratio": (7, [_N("Dropout", ["x"], ["y"], ratio=0.3)], _X, [vi("y", [2, 3, 4, 5])], []),
+    "batchnorm7_spatial": (7, [_N("BatchNormalization", ["x", "s", "b", "mu", "var"], ["y"], epsilon=1e-3, spatial=1)], _X, [vi("y", [2, 3, 4, 5])], _BN),
+    "topk1_k_attr": (9, [_N("TopK", ["x"], ["v", "i"], k=2, axis=2)], _X, [vi("v", [2, 3, 2, 5]), vi("i", [2, 3, 2, 5], TensorProto.INT64)], []),
+    "topk10_k_input": (10, [_N("TopK", ["x", "k"], ["v", "i"], axis=-1)], _X, [vi("v", [2, 3, 4, 3]), vi("i", [2, 3, 4, 3], TensorProto.INT64)], [_init("k", np.int64([3]))]),
+    "clip6_attrs": (9, [_N("Clip", ["x"], ["y"], min=-0.5, max=0.7)], _X, [vi("y", [2, 3, 4, 5])], []),
+    "clip6_max_only": (9, [_N("Clip", ["x"], ["y"], max=0.2)], _X, [vi("y", [2, 3, 4, 5])], []),
+    "reducemean1_axes_attr": (9, [_N("ReduceMean", ["x"], ["y"], axes=[1, -1], keepdims=0)], _X, [vi("y", [2, 4])], []),
+    "reducesum1_all": (9, [_N("ReduceSum", ["x"], ["y"])], _X, [vi("y", [1, 1, 1, 1])], []),
+    "split2_attr": (9, [_N("Split", ["x"], ["a", "b"], axis=3, split=[2, 3])], _X, [vi("a", [2, 3, 4, 2]), vi("b", [2, 3, 4, 3])], []),
+    "squeeze1_unsqueeze1": (9, [_N("Unsqueeze", ["x"], ["u"], axes=[0, 3]), _N("Squeeze", ["u"], ["y"], axes=[0])], _X, [vi("y", [2, 3, 1, 4, 5])], []),
+    "gemm7": (7, [_N("Gemm", ["a", "b", "c"], ["y"], alpha=0.5, beta=2.0, transB=1)], [vi("a", [3, 4])], [vi("y", [3, 6])], [_init("b", _R.random((6, 4)).astype(np.float32)), _init("c", _R.random(6).astype(np.float32))]),
+    "maxpool1": (7, [_N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[1, 2])], _X, [vi("y", [2, 3, 3, 2])], []),
+    "maxpool10_ceil": (10, [_N("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)], _X, [vi("y", [2, 3, 2, 2])], []),
+    "averagepool7_pads": (7, [_N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1)], _X, [vi("y", [2, 3, 4, 5])], []),
+    "conv1_convtranspose1": (9, [_N("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[1, 2]), _N("ConvTranspose", ["c", "wt"], ["y"], strides=[2, 2], output_padding=[1, 0])], _X, [vi("y", [2, 2, 10, 7])], [_init("w", _R.random((4, 3, 3, 3)).astype(np.float32)), _init("wt", _R.random((4, 2, 3, 3)).astype(np.float32))]),
+    "convtranspose1_same_upper_output_shape": (9, [_N("ConvTranspose", ["x", "wt"], ["a"], strides=[2, 2], auto_pad="SAME_UPPER"), _N("ConvTranspose", ["x", "wt"], ["b"], strides=[2, 2], output_shape=[9, 11])], _X, [vi("a", [2, 2, 8, 10]), vi("b", [2, 2, 9, 11])], [_init("wt", _R.random((3, 2, 3, 3)).astype(np.float32))]),
+    "pools7_same_lower": (7, [_N("AveragePool", ["x"], ["a"], kernel_shape=[2, 3], auto_pad="SAME_LOWER"), _N("MaxPool", ["x"], ["b"], kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_UPPER"), _N("Conv", ["x", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2])], _X, [vi("a", [2, 3, 4, 5]), vi("b", [2, 3, 2, 3]), vi("c", [2, 4, 2, 3])], [_init("w", _R.random((4, 3, 2, 2)).astype(np.float32))]),
+    "softmax1_logsoftmax1_hardmax1": (9, [_N("Softmax", ["x"], ["a"], axis=2), _N("LogSoftmax", ["x"], ["b"]), _N("Hardmax", ["x"], ["c"], axis=2)], _X, [vi("a", [2, 3, 4, 5]), vi("b", [2, 3, 4, 5]), vi("c", [2, 3, 4, 5])], []),
+    "flatten9_concat4_gather1": (9, [_N("Flatten", ["x"], ["f"], axis=2), _N("Concat", ["f", "f"], ["c"], axis=1), _N("Gather", ["c", "i"], ["y"], axis=1)], _X, [vi("y", [6, 2])], [_init("i", np.int64([2, 30]))]),
+    "argmax1_depthtospace1": (9, [_N("ArgMax", ["x"], ["a"], axis=2, keepdims=0), _N("DepthToSpace", ["x"], ["d"], blocksize=1)], _X, [vi("a", [2, 3, 5], TensorProto.INT64), vi("d", [2, 3, 4, 5])], []),
+    "cast6_compare7": (7, [_N("Cast", ["x"], ["c"], to=TensorProto.INT32), _N("Greater", ["x", "z"], ["g"]), _N("Less", ["x", "z"], ["l"]), _N("Equal", ["c", "zi"], ["e"])], _X, [vi("c", [2, 3, 4, 5], TensorProto.INT32), vi("g", [2, 3, 4, 5], TensorProto.BOOL), vi("l", [2, 3, 4, 5], TensorProto.BOOL), vi("e", [2, 3, 4, 5], TensorProto.BOOL)], [_init("z", np.float32([0.1])), _init("zi", np.int32([0]))]),
+    "max6_mean6_min6_sum6": (7, [_N("Max", ["x", "z"], ["a"]), _N("Mean", ["x", "z"], ["b"]), _N("Min", ["x", "z"], ["c"]), _N("Sum", ["x", "z", "x"], ["d"])], _X, [vi("a", [2, 3, 4, 5]), vi("b", [2, 3, 4, 5]), vi("c", [2, 3, 4, 5]), vi("d", [2, 3, 4, 5])], [_init("z", _R.random((2, 3, 4, 5)).astype(np.float32))]),
+    "prelu7_matmul1": (7, [_N("PRelu", ["x", "s"], ["p"]), _N("MatMul", ["p", "w"], ["y"])], _X, [vi("y", [2, 3, 4, 2])], [_init("s", _R.random((3, 1, 1)).astype(np.float32)), _init("w", _R.random((5, 2)).astype(np.float32))]),
+    "onehot9_constant9": (9, [_N("Constant", [], ["i"], value=_init("iv", np.int64([[0, 3, 1], [2, 2, 0]]))), _N("OneHot", ["i", "d", "v"], ["y"], axis=-1)], [], [vi("y", [2, 3, 4])], [_init("d", np.int64([4])), _init("v", np.float32([0, 1]))]),
+    "scatter9": (9, [_N("Scatter", ["x", "i", "u"], ["y"], axis=1)], [vi("x", [3, 3])], [vi("y", [3, 3])], [_init("i", np.int64([[1, 0, 2], [0, 2, 1]])), _init("u", np.float32([[1, 1.1, 1.2], [2, 2.1, 2.2]]))]),
+    "maxunpool9_lppool2_compress9": (9, [_N("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]), _N("MaxUnpool", ["p", "i"], ["u"], kernel_shape=[2, 2], strides=[2, 2]), _N("LpPool", ["u"], ["l"], kernel_shape=[2, 2], p=2), _N("Compress", ["l", "k"], ["y"], axis=1)], [vi("x", [2, 3, 4, 4])], [vi("y", [2, 2, 3, 3])], [_init("k", np.array([True, False, True]))]),
+    "scan8_batched_reverse": (8, [_N("Scan", ["", "s0", "x"], ["s", "y"], num_scan_inputs=1, directions=[1],
+                                     body=helper.make_graph([_N("Add", ["si", "xi"], ["so"]), _N("Relu", ["so"], ["yo"])], "body", [vi("si", [4]), vi("xi", [4])], [vi("so", [4]), vi("yo", [4])]))],
+                              [vi("s0", [2, 4]), vi("x", [2, 3, 4])], [vi("s", [2, 4]), vi("y", [2, 3, 4])], []),
+    "scan9_reverse": (9, [_N("Scan", ["s0", "x"], ["s", "y"], num_scan_inputs=1, scan_input_axes=[1], scan_input_directions=[1], scan_output_directions=[1],
+                             body=helper.make_graph([_N("Add", ["si", "xi"], ["so"]), _N("Relu", ["so"], ["yo"])], "body", [vi("si", [2, 4]), vi("xi", [2, 4])], [vi("so", [2, 4]), vi("yo", [2, 4])]))],
+                      [vi("s0", [2, 4]), vi("x", [2, 3, 4])], [vi("s", [2, 4]), vi("y", [3, 2, 4])], []),
+}
+
+
+def _old_model(name):
+    opset, nodes, ins, outs, inits = OLD_FORMS[name]
+    m = make_model(nodes, ins, outs, inits, opset=opset, ir=5)
+    return m, random_feeds(import_onnx(m), seed=1)
+
+
+@pytest.mark.parametrize("name", sorted(OLD_FORMS))
+def test_older_opsets_are_converted_and_match_onnxruntime(name):
+    """ONNX Runtime runs the model at its own opset; tensorplan converts it to opset 11 first."""
+    m, feeds = _old_model(name)
+    g = import_onnx(m)
+    assert g.opset == 11
+    got = run_reference(g, feeds)
+    ort_out = run_onnxruntime(m, feeds)
+    for o in m.graph.output:
+        want = ort_out[o.name]
+        assert got[o.name].shape == want.shape and got[o.name].dtype == want.dtype, o.name
+        assert np.allclose(got[o.name], want, rtol=1e-5, atol=1e-5), f"{name}: output {o.name}"
+
+
+def test_old_upsample_becomes_an_asymmetric_resize():
+    g = import_onnx(_old_model("upsample9_nearest")[0])
+    (node,) = [n for n in g.nodes if n.op == "Resize"]
+    assert node.attrs["coordinate_transformation_mode"] == "asymmetric"
+    assert node.attrs["nearest_mode"] == "floor"
+
+
+@pytest.mark.parametrize("nodes,inits,outs,opset,match", [
+    ([_N("BatchNormalization", ["x", "s", "b", "mu", "var"], ["y"], spatial=0, name="bn")],
+     [_init(k, np.ones((3, 4, 5), np.float32)) for k in ("s", "b", "mu", "var")], [vi("y", [2, 3, 4, 5])], 7,
+     r"node 'bn' \(BatchNormalization\): BatchNormalization version 7 with spatial=0"),
+    ([_N("Resize", ["x", "sc"], ["y"], mode="nearest", name="rs")], [_init("sc", np.float32([1, 1, 2, 0.8]))],
+     [vi("y", [2, 3, 8, 4])], 10, r"node 'rs' \(Resize\): Resize version 10 in nearest mode upsamples"),
+    ([_N("Scan", ["len", "x"], ["y"], num_scan_inputs=1, name="sc8",
+         body=helper.make_graph([_N("Neg", ["xi"], ["yi"])], "b", [vi("xi", [4, 5])], [vi("yi", [4, 5])]))],
+     [_init("len", np.int64([3, 2]))], [vi("y", [2, 3, 4, 5])], 8,
+     r"node 'sc8' \(Scan\): Scan version 8 with sequence_lens"),
+    ([_N("Relu", ["x"], ["y"], name="relu1")], [], [vi("y", [2, 3, 4, 5])], 5,
+     r"node 'relu1' \(Relu\): Relu version 1 \(opset 5\) is older than tensorplan implements"),
+])
+def test_old_operator_versions_without_an_exact_conversion_are_refused_by_name(nodes, inits, outs, opset, match):
+    m = make_model(nodes, _X, outs, inits, opset=opset, ir=5)
+    with pytest.raises(ModelImportError, match=match):
+        import_onnx(m)
+
+
+def test_old_model_is_validated_at_its_own_opset():
+    # Split's sizes became an input at opset 13; at opset 9 a second input is invalid
+    m = make_model([_N("Split", ["x", "sp"], ["a", "b"], axis=3, name="sp9")], _X,
+                   [vi("a", [2, 3, 4, 2]), vi("b", [2, 3, 4, 3])], [_init("sp", np.int64([2, 3]))], opset=9, ir=5)
+    assert _ort_refuses(m)
+    with pytest.raises(ModelImportError, match=r"sp9"):
+        import_onnx(m)
+
+
+def test_model_with_only_ai_onnx_ml_operators_runs_in_onnxruntime():
+    node = _N("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", threshold=0.25)
+    g = helper.make_graph([node], "ml", [vi("x", [2, 3])], [vi("y", [2, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)])
+    m.ir_version = 8
+    x = np.float32([[0, 0.3, 1], [-1, 0.25, 0.2]])
+    assert np.array_equal(run_reference(import_onnx(m), {"x": x})["y"], (x > 0.25).astype(np.float32))
+
+
+# ---------------------------------------------------------------- control flow known at import
+def _loop_model(opset, trips, cond_out):
+    body_nodes = [_N("Cast", ["i"], ["fi"], to=TensorProto.FLOAT), _N("Mul", ["acc_in", "w"], ["m"]),
+                  _N("Add", ["m", "fi"], ["acc_out"]), _N("Relu", ["acc_out"], ["sc"])]
+    body_nodes.append(_N("Identity", ["c_in"], ["c_out"]) if cond_out == "same" else
+                      _N("Constant", [], ["c_out"], value=_init("cv", np.array(False))))
+    scan = [vi("sc", [2, 3])] if trips else []
+    body = helper.make_graph(body_nodes, "body", [vi("i", [], TensorProto.INT64), vi("c_in", [], TensorProto.BOOL),
+                                                  vi("acc_in", [2, 3])],
+                             [vi("c_out", [], TensorProto.BOOL), vi("acc_out", [2, 3])] + scan)
+    loop = _N("Loop", ["M", "C", "x"], ["y"] + (["s"] if trips else []), body=body, name="lp")
+    return make_model([loop], [vi("x", [2, 3])], [vi("y", [2, 3])] + ([vi("s", [None, 2, 3])] if trips else []),
+                      [_init("M", np.array(trips, np.int64)), _init("C", np.array(True)),
+                       _init("w", np.float32([[1, 2, 3], [4, 5, 6]]) * 0.5)], opset=opset, ir=7)
+
+
+@pytest.mark.parametrize("opset,trips,cond_out", [(11, 4, "same"), (13, 3, "false"), (17, 5, "same"), (17, 0, "same")])
+def test_loop_with_constant_trip_count_is_unrolled(opset, trips, cond_out):
+    m = _loop_model(opset, trips, cond_out)
+    g = import_onnx(m)
+    assert "Loop" not in g.op_counts()
+    runs = 0 if trips == 0 else (1 if cond_out == "false" else trips)
+    assert g.op_counts().get("Relu", 0) == runs
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    got = run_reference(g, {"x": x})
+    ort_out = run_onnxruntime(m, {"x": x})
+    for o in m.graph.output:
+        want = ort_out[o.name]
+        assert got[o.name].shape == want.shape
+        assert np.allclose(got[o.name], want, rtol=1e-5, atol=1e-6), o.name
+
+
+def test_loop_with_runtime_trip_count_is_refused_by_name():
+    m = _loop_model(13, 3, "same")
+    m.graph.input.append(vi("M", [], TensorProto.INT64))
+    m.graph.initializer.remove(next(t for t in m.graph.initializer if t.name == "M"))
+    with pytest.raises(ModelImportError, match=r"'lp' \(Loop\)"):
+        import_onnx(m)
+
+
+def test_scan_is_unrolled_over_its_static_length():
+    body = helper.make_graph([_N("Add", ["si", "xi"], ["so"]), _N("Mul", ["so", "xi"], ["yo"])], "body",
+                             [vi("si", [2]), vi("xi", [2])], [vi("so", [2]), vi("yo", [2])])
+    scan = _N("Scan", ["s0", "x"], ["s", "y"], num_scan_inputs=1, scan_output_axes=[-1], body=body, name="scan")
+    m = make_model([scan], [vi("s0", [2]), vi("x", [5, 2])], [vi("s", [2]), vi("y", [2, 5])], opset=17)
+    g = import_onnx(m)
+    assert "Scan" not in g.op_counts() and g.op_counts()["Add"] == 5
+    feeds = random_feeds(g, seed=4)
+    got = run_reference(g, feeds)
+    ort_out = run_onnxruntime(m, feeds)
+    for o in m.graph.output:
+        want = ort_out[o.name]
+        assert np.allclose(got[o.name], want, rtol=1e-5, atol=1e-6), o.name
+
+
+class OldOpsetNet(torch.nn.Module):
+    """Exported at opset 9 / 10 it holds Upsample / Resize-10, Pad-2, Slice-1/10, Clip-6, TopK-1/10,
+    BatchNormalization-9 and Gemm: the forms import converts."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        y = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+        y = torch.clamp(torch.nn.functional.pad(y, (1, 1, 0, 0))[:, :, :, 1:-1], 0, 3)
+        y = y.view(y.shape[0], -1)
+        return torch.softmax(self.fc(y), -1), torch.topk(y, 3)[0]
+
+
+@pytest.mark.parametrize("opset", [9, 10])
+def test_torch_export_at_old_opset_matches_onnxruntime(tmp_path, opset):
+    path = tmp_path / f"old{opset}.onnx"
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(OldOpsetNet().eval(), (torch.randn(2, 3, 8, 8),), str(path), opset_version=opset,
+                          dynamo=False, input_names=["x"], output_names=["p", "top"], do_constant_folding=False)
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert ("Upsample" if opset == 9 else "Resize") in ops and {"Pad", "Slice", "Clip", "TopK"} <= ops
+    g = import_onnx(path)
+    assert g.opset == 11
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    assert_close(run_reference(g, {"x": x}), run_onnxruntime(onnx.load(str(path)), {"x": x}), TOL,
+                 ["p", "top"], what=f"opset {opset}")
+
+
+def test_stft_without_onesided_uses_the_schema_default():
+    """onnx's shape inference reads an absent onesided as 0; the operator's default is 1."""
+    stft = _N("STFT", ["sig", "step", "", "len"], ["y"], name="stft")
+    m = make_model([stft], [vi("sig", [1, 64, 1])], [vi("y", [1, 7, 9, 2])],
+                   [_init("step", np.int64(8)), _init("len", np.int64(16))], opset=17)
+    g = import_onnx(m)
+    assert g.tensors["y"].shape == (1, 7, 9, 2)
+    sig = np.random.default_rng(5).standard_normal((1, 64, 1)).astype(np.float32)
+    assert_close(run_reference(g, {"sig": sig}), run_onnxruntime(m, {"sig": sig}), TOL, ["y"], what="STFT")

@@ -1,12 +1,19 @@
 """Whole-network latency prediction: `predict(model, device) -> NetworkPrediction`.
 
-A network becomes its fused kernels (`tasks.network_tasks`); each kernel gets one deterministic
-schedule (its first valid meta-schedule design-space sample, drawn exactly as the dataset draws its
-programs: `task_schedules`), its compact AST, and a predicted latency. The network's latency is
-the call-count-weighted sum, the quantity CDMPP's end-to-end replay predicts. That default
-schedule is what TVM runs for a kernel nobody tuned, so the total is the untuned network's
-latency, not a tuned one. With `tuned=N` the model also acts as a tuner's cost model: it ranks
-each kernel's first N samples and sums the predicted-fastest ones, reported beside the default.
+A network becomes its fused kernels (`tasks.network_tasks`); each kernel gets its first N valid
+meta-schedule design-space samples (drawn exactly as the dataset draws its programs:
+`task_schedules`), their compact ASTs and predicted latencies, and the predicted-fastest is the
+kernel's pick: the model acts as a tuner's cost model, with nothing timed. The network's latency
+is the call-count-weighted sum of the picks: the latency of tuned kernels, what a user deploys,
+not of TVM's untuned ones. The first valid sample (the default schedule, what
+TVM runs for a kernel nobody tuned) is always among the N, so the tuned total never exceeds the
+untuned one, which is reported beside it; `tuned=0` predicts the default schedules alone.
+
+Why N = `DEFAULT_TUNED` (32): the predicted total still drops with N, but by less each doubling
+while its cost doubles (2-core AMD EPYC VM, shipped model, 2026-12-02): from 8 to 16 to 32 to 64
+samples, mobilenet-v2 28.5 -> 24.1 -> 22.2 -> 20.7 ms, resnet-50 444 -> 373 -> 325 -> 299 ms,
+bert-base 764 -> 727 -> 676 -> 644 ms (untuned: 70, 827, 1112 ms); sampling + featurising costs
+17-28 ms a program on one core, so 32 -> 64 would add 10-20 s per model on 2 cores for 5-8 %.
 
 Why `measure`: a prediction alone is a claim. With `measure=True` every kernel is also compiled
 with that same schedule and timed on this machine with the dataset's timer (`dataset.time_module`,
@@ -48,6 +55,10 @@ DATASET_SAMPLER_CORES = 2
 
 SHIPPED_GPU_MODEL = SHIPPED_MODEL.with_name("cdmpp-h100.pt")
 GPU_SAMPLE_TRIES = 8 * 24   # gpu_dataset.sample_programs: programs_per_task x tries_per_program
+
+# schedules compared per kernel by default (`predict(tuned=)`, `tensorplan predict --tuned`); why 32: the
+# module docstring
+DEFAULT_TUNED = 32
 
 # what a kernel's schedule is (`SchedulePrediction.kind`)
 DEFAULT = "default"          # first valid design-space sample: what TVM runs for an untuned kernel
@@ -96,7 +107,8 @@ class SchedulePrediction:
 @dataclass
 class KernelPrediction:
     """A fused kernel of the network: its default schedule's prediction and, under `tuned`, the
-    model's pick among its first N schedules."""
+    model's pick among its first N schedules (`pick`: the one the network's total counts).
+    `predicted_s`/`total_s` stay the default schedule's, as in the JSON's unprefixed fields."""
 
     name: str                      # TVM's fused-function name
     key: str                       # structural hash of the kernel (the dataset's task key)
@@ -105,13 +117,23 @@ class KernelPrediction:
     leaves: int                    # compact-AST leaves of the default program
     default: SchedulePrediction
     tuned: SchedulePrediction | None = None
-    log_spread: float | None = None   # an ensemble's std of its members' log predictions
+    log_spread: float | None = None   # an ensemble's std of its members' log predictions of `pick`
     floor_s: float | None = None      # the device's roofline floor per call (`roofline_floor`)
 
     @property
+    def pick(self) -> SchedulePrediction:
+        """The schedule the network's total counts: the tuned pick, else the default."""
+        return self.tuned if self.tuned is not None else self.default
+
+    @property
+    def pick_total_s(self) -> float:
+        """Predicted seconds over all calls of `pick`."""
+        return self.pick.predicted_s * self.calls
+
+    @property
     def below_floor(self) -> bool:
-        """The default schedule is predicted faster than the device's peak and bandwidth allow."""
-        return self.floor_s is not None and self.default.predicted_s < self.floor_s
+        """The counted schedule (`pick`) is predicted faster than the device's peak and bandwidth allow."""
+        return self.floor_s is not None and self.pick.predicted_s < self.floor_s
 
     @property
     def predicted_s(self) -> float:
@@ -150,7 +172,9 @@ def _measured_fields(d: dict, s: SchedulePrediction, prefix: str) -> None:
 
 @dataclass
 class TunedCheck:
-    """The model's picks timed, over the kernels timed both ways: what they are worth here."""
+    """The model's picks timed, over the kernels timed both ways: how well the tuned total was
+    predicted (per-kernel error on the picks, the whole-network ratio) and what the picks are
+    worth here against the default schedules."""
 
     kernels: int
     changed: int                   # kernels whose pick is not the default schedule
@@ -158,6 +182,8 @@ class TunedCheck:
     measured_s: float
     default_measured_s: float
     kernels_slower: int            # picks measured >5 % slower than the default schedule
+    per_kernel: dict[str, float] | None = None      # `regression_metrics` of the picks, each kernel once
+    spearman_across_kernels: float | None = None
 
     @property
     def total_ratio(self) -> float:
@@ -170,14 +196,17 @@ class TunedCheck:
     def to_dict(self) -> dict[str, Any]:
         return {"kernels": self.kernels, "changed": self.changed, "predicted_ms": 1e3 * self.predicted_s,
                 "measured_ms": 1e3 * self.measured_s, "default_measured_ms": 1e3 * self.default_measured_s,
-                "total_ratio": self.total_ratio, "measured_speedup": self.measured_speedup,
-                "kernels_slower": self.kernels_slower}
+                "total_ratio": self.total_ratio, "total_ape_pct": 100 * abs(self.total_ratio - 1),
+                "measured_speedup": self.measured_speedup, "kernels_slower": self.kernels_slower,
+                "per_kernel": self.per_kernel, "spearman_across_kernels": self.spearman_across_kernels}
 
 
 @dataclass
 class MeasuredCheck:
-    """Prediction against measurement over the kernels that were timed (default schedules):
-    per-kernel error metrics, rank correlation across kernels, call-weighted totals."""
+    """Prediction against measurement over the kernels that were timed: the default schedules'
+    per-kernel error metrics, rank correlation across kernels and call-weighted totals (the
+    unprefixed fields, as earlier runs wrote them), and under `tuned` the same for the picks
+    (`tuned`); `counted` is the check of the schedules the network's total counts."""
 
     kernels_measured: int
     kernels_failed: list[str]
@@ -193,8 +222,14 @@ class MeasuredCheck:
     def total_ratio(self) -> float | None:
         return self.predicted_s / self.measured_s if self.measured_s else None
 
+    @property
+    def counted(self) -> "TunedCheck | MeasuredCheck":
+        """The check of the schedules the headline total counts: the picks when tuned, else the defaults."""
+        return self.tuned if self.tuned is not None else self
+
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kernels_measured": self.kernels_measured, "kernels_failed": self.kernels_failed}
+        d: dict[str, Any] = {"kernels_measured": self.kernels_measured, "kernels_failed": self.kernels_failed,
+                             "schedules": "default"}
         if self.threads is not None:
             d["threads"] = self.threads
         if self.kernels_measured:
@@ -209,7 +244,9 @@ class MeasuredCheck:
 @dataclass
 class NetworkPrediction:
     """A network's predicted latency on a device: per kernel and in total, with what was predicted
-    (which schedules), by which model, and how far the device lies from what the model learnt."""
+    (which schedules), by which model, and how far the device lies from what the model learnt.
+    `total_s` is the headline: the tuned picks when `tuned` > 0 (the default), else the default
+    schedules; `untuned_total_s` is always the default schedules' total; `what` says which."""
 
     model: str
     device: DeviceSpec
@@ -219,12 +256,12 @@ class NetworkPrediction:
     trained_on: list[str]          # the domains the predictor learnt
     kernels: list[KernelPrediction]
     not_predicted: dict[str, int] = field(default_factory=dict)   # operator -> count outside every kernel
-    tuned: int = 0                 # N of `tuned=N`; 0: default schedules only
+    tuned: int = 0                 # N of `tuned=N`; 0: default schedules only (the total is untuned)
     zero_shot: bool = False        # the model never learnt this device (or learnt another machine as it)
     outside_learnt: list[str] = field(default_factory=list)  # device figures outside every learnt device
     same_device_as: str | None = None   # a learnt domain with this device's vector, predicted as it
     warning: str | None = None     # the zero-shot note, with what to do about it
-    member_total_s: list[float] | None = None   # an ensemble: the total as each member predicts it
+    member_total_s: list[float] | None = None   # an ensemble: the headline total as each member predicts it
     below_floor: list[str] = field(default_factory=list)   # kernels predicted below their roofline floor
     total_below_floor: bool = False             # the total predicted below the sum of the kernels' floors
     floor_warning: str | None = None            # says so, naming them and the device figures
@@ -239,15 +276,24 @@ class NetworkPrediction:
 
     @property
     def total_s(self) -> float:
+        """The headline: predicted network latency with every kernel's pick (`KernelPrediction.pick`):
+        the predicted-fastest of its first `tuned` samples, or its default schedule when `tuned` is 0."""
+        return sum(k.pick_total_s for k in self.kernels)
+
+    @property
+    def untuned_total_s(self) -> float:
         """Predicted network latency with every kernel's default (untuned) schedule."""
         return sum(k.total_s for k in self.kernels)
 
     @property
     def tuned_total_s(self) -> float | None:
         """Predicted network latency with the model's pick for every kernel (`tuned`), else None."""
-        if not self.tuned:
-            return None
-        return sum(k.tuned.predicted_s * k.calls for k in self.kernels if k.tuned is not None)
+        return self.total_s if self.tuned else None
+
+    @property
+    def total_is(self) -> str:
+        """Which schedules the headline total counts: TUNED or DEFAULT."""
+        return TUNED if self.tuned else DEFAULT
 
     @property
     def floor_s(self) -> float | None:
@@ -264,12 +310,13 @@ class NetworkPrediction:
     @property
     def what(self) -> str:
         """What the totals are, in one sentence for a reader."""
-        s = ("total = sum over kernels of calls x the predicted latency of each kernel's default schedule (its "
-             "first valid meta-schedule sample): the latency of TVM's untuned kernels")
-        if self.tuned:
-            s += (f"; tuned total = the same with each kernel's predicted-fastest of its first {self.tuned} "
-                  "samples (ranked by the model, none timed)")
-        return s
+        untuned = ("the predicted latency of each kernel's default schedule (its first valid meta-schedule sample, "
+                   "what TVM runs for a kernel nobody tuned)")
+        if not self.tuned:
+            return f"total = sum over kernels of calls x {untuned}: untuned kernels (--untuned / tuned=0)"
+        return (f"total = sum over kernels of calls x the predicted latency of each kernel's predicted-fastest of "
+                f"its first {self.tuned} meta-schedule samples (ranked by the model, none timed): tuned kernels; "
+                f"untuned total = the same with {untuned}")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (`tensorplan predict --json`); latencies in ms (totals) and µs (kernels)."""
@@ -279,10 +326,11 @@ class NetworkPrediction:
             "trained_on": self.trained_on, "zero_shot": self.zero_shot, "outside_learnt": self.outside_learnt,
             "same_device_as": self.same_device_as, "warning": self.warning,
             "kernels": [k.to_dict() for k in self.kernels], "n_kernels": len(self.kernels),
-            "total_ms": 1e3 * self.total_s, "not_predicted": self.not_predicted, "unscheduled": self.unscheduled,
+            "total_ms": 1e3 * self.total_s, "total_is": self.total_is, "tuned": self.tuned,
+            "untuned_total_ms": 1e3 * self.untuned_total_s,
+            "not_predicted": self.not_predicted, "unscheduled": self.unscheduled,
             "featurize_s": self.featurize_s, "predict_s": self.predict_s, "device_spec": self.device.to_dict()}
         if self.tuned:
-            d["tuned"] = self.tuned
             d["tuned_total_ms"] = 1e3 * self.tuned_total_s
         if self.floor_s is not None:
             d.update(floor=FLOOR_WHAT, floor_ms=1e3 * self.floor_s, below_floor=self.below_floor,
@@ -349,7 +397,8 @@ def output_bytes(prog: Any) -> float:
 
 
 def _floor_check(res: "NetworkPrediction") -> None:
-    """Fill in the kernels predicted below their floor, whether the total is, and the warning."""
+    """Fill in the kernels whose counted schedule is predicted below their floor, whether the
+    headline total is, and the warning."""
     res.below_floor = [k.name for k in res.kernels if k.below_floor]
     floor = res.floor_s
     res.total_below_floor = floor is not None and res.total_s < floor
@@ -357,7 +406,7 @@ def _floor_check(res: "NetworkPrediction") -> None:
         res.floor_warning = None
         return
     spec = res.device
-    names = ", ".join(f"{k.name} ({1e6 * k.predicted_s:.3g} < {1e6 * k.floor_s:.3g} µs)"
+    names = ", ".join(f"{k.name} ({1e6 * k.pick.predicted_s:.3g} < {1e6 * k.floor_s:.3g} µs)"
                       for k in res.kernels if k.below_floor)
     res.floor_warning = (
         f"{len(res.below_floor)} of {len(res.kernels)} kernels predicted below the roofline floor of "
@@ -485,12 +534,15 @@ def measured_summary(kernels: Sequence[KernelPrediction], threads: int | None = 
     both = [k for k in ok if k.tuned is not None and k.tuned.measured_s]
     if both:
         c = np.array([k.calls for k in both], np.float64)
+        tp_ = np.array([k.tuned.predicted_s for k in both])
+        tm = np.array([k.tuned.measured_s for k in both])
         out.tuned = TunedCheck(
             kernels=len(both), changed=sum(k.tuned.sample != k.default.sample for k in both),
-            predicted_s=float(c @ np.array([k.tuned.predicted_s for k in both])),
-            measured_s=float(c @ np.array([k.tuned.measured_s for k in both])),
+            predicted_s=float(c @ tp_), measured_s=float(c @ tm),
             default_measured_s=float(c @ np.array([k.default.measured_s for k in both])),
-            kernels_slower=sum(k.tuned.measured_s > 1.05 * k.default.measured_s for k in both))
+            kernels_slower=sum(k.tuned.measured_s > 1.05 * k.default.measured_s for k in both),
+            per_kernel=regression_metrics(tp_, tm),
+            spearman_across_kernels=float(spearmanr(tp_, tm).statistic) if len(both) > 2 else float("nan"))
     return out
 
 
@@ -551,18 +603,47 @@ def model_onnx(graph_or_spec: Graph | str | Path,
     return static_onnx(path, name, input_shapes), name
 
 
+def sampler_target(spec: DeviceSpec, dom: str):
+    """The target a device's kernels are sampled for: its CUDA tag on a GPU, else None (the
+    dataset's llvm target, `task_schedules`)."""
+    return gpu_target(spec, dom) if spec.kind == "gpu" else None
+
+
+def scheduled_module(task, target, sample: int | None):
+    """Kernel `task`'s program drawn as design-space sample `sample` (None: the plain loop nest):
+    the same module `task_schedules` drew (the draw is seeded by task and index), rebuilt where a
+    forked worker featurised it."""
+    import tvm
+
+    from tensorplan.cdmpp.dataset import _TaskState, sample_schedule
+
+    if sample is None:
+        return task.mod
+    st = _TaskState(task, target or tvm.target.Target({"kind": "llvm", "num-cores": DATASET_SAMPLER_CORES}))
+    r = sample_schedule(st, sample)
+    if r is None:
+        raise TensorplanError(f"kernel '{task.name}': design-space sample {sample} no longer yields a valid "
+                              "schedule (TVM's sampler changed?); predict again")
+    return r[0].mod
+
+
 def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, progress: bool = False,
                      log: Callable[[str], None] | None = None, specs: dict | None = None,
-                     device: DeviceSpec | None = None) -> tuple:
+                     device: DeviceSpec | None = None, workers: int | None = None) -> tuple:
     """A network's fused kernels, each with its default schedule (then up to `tuned` - 1 more
     samples), featurised for domain `dom` -> (tasks, gaps, programs, sample index or None per task,
-    compact ASTs, ProgramArrays). Programs are (task index, module, sample index), each task's default
-    first. What `predict` predicts; a study that compares several predictors on the same kernels
-    computes it once. `device`: `dom`'s spec (its kind, its GPU target, its device vector), else
-    `dom` is resolved by name; `specs`: a dataset's recorded devices (`Dataset.devices`), for a
-    `dom` such as zen4-2t that only a dataset describes."""
+    compact ASTs, ProgramArrays). Programs are (task index, sample index or None), each task's
+    default first; `scheduled_module` rebuilds one. What `predict` predicts; a study that compares
+    several predictors on the same kernels computes it once. `device`: `dom`'s spec (its kind, its
+    GPU target, its device vector), else `dom` is resolved by name; `specs`: a dataset's recorded
+    devices (`Dataset.devices`), for a `dom` such as zen4-2t that only a dataset describes.
+
+    Why workers: drawing and featurising a kernel's N schedules is ~20 ms a program and dominates
+    `predict` at N = 32, so kernels go to forked processes (`workers`, None: every usable CPU),
+    each returning its compact ASTs (the modules stay there)."""
     from tensorplan.cdmpp.features import featurize_many
     from tensorplan.cdmpp.tasks import network_tasks_and_gaps, task_io_of
+    from tensorplan.forkmap import fork_map_iter
 
     if device is None:
         rec = ((specs or {}).get(dom) or {}).get("spec")
@@ -576,26 +657,39 @@ def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, prog
             + ", ".join(f"{op.removeprefix('relax.')} x{n}" for op, n in sorted(gaps.items())))
     if not tasks:
         raise TensorplanError(f"model '{name}': no fused kernels found")
-    progs: list[tuple[int, object, int | None]] = []
-    first_sample: list[int | None] = []
-    with progress_bar("sample schedules", len(tasks), progress) as advance:
-        target = gpu_target(device or resolve_device(dom)[0], dom) if is_gpu else None
-        # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
-        # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
-        tries = (GPU_SAMPLE_TRIES if is_gpu else 8) + 4 * tuned
-        for j, t in enumerate(tasks):
+    target = gpu_target(device or resolve_device(dom)[0], dom) if is_gpu else None
+    # a big convolution's CUDA design space yields a valid draw (postprocessors pass) once in up to
+    # ~100 draws (resnet-50), so a GPU gets the dataset sampler's whole budget per task
+    tries = (GPU_SAMPLE_TRIES if is_gpu else 8) + 4 * tuned
+
+    def job(a: int, b: int) -> list:
+        out = []
+        for t in tasks[a:b]:
             got = task_schedules(t, target, max(1, tuned), tries)
-            first_sample.append(got[0][1] if got else None)
-            progs.append((j, got[0][0], got[0][1]) if got else (j, t.mod, None))
-            progs.extend((j, m, i) for m, i in got[1:])
-            advance()
-            if log:
-                log(f"{t.name}: " + (f"meta-schedule sample {got[0][1]}" if got else UNSCHEDULED)
-                    + (f", {len(got)} schedules to compare" if tuned else ""))
-    asts = featurize_many([m for _, m, _ in progs], is_gpu=is_gpu)
+            mods = [m for m, _ in got] or [t.mod]
+            out.append(([i for _, i in got], featurize_many(mods, is_gpu=is_gpu), [task_io_of(m) for m in mods]))
+        return out
+
+    per_task: list = [None] * len(tasks)
+    with progress_bar("sample + featurize schedules", len(tasks), progress) as advance:
+        for a, res in fork_map_iter(job, len(tasks), workers=workers, chunk=1):
+            for j, r in enumerate(res, start=a):
+                per_task[j] = r
+                if log:
+                    log(f"{tasks[j].name}: " + (f"meta-schedule sample {r[0][0]}" if r[0] else UNSCHEDULED)
+                        + (f", {len(r[0])} schedules to compare" if tuned else ""))
+            advance(len(res))
+    progs: list[tuple[int, int | None]] = []
+    first_sample: list[int | None] = []
+    asts, io = [], []
+    for j, (samples, a, i) in enumerate(per_task):
+        first_sample.append(samples[0] if samples else None)
+        progs.extend((j, s) for s in (samples or [None]))
+        asts.extend(a)
+        io.extend(i)
     arr = ProgramArrays.from_programs([a.leaf_features for a in asts], [a.positions for a in asts], device=dom,
-                                      task_key=[tasks[j].key for j, _, _ in progs], flops=[a.flops for a in asts],
-                                      task_io=[task_io_of(m) for _, m, _ in progs], specs=specs)
+                                      task_key=[tasks[j].key for j, _ in progs], flops=[a.flops for a in asts],
+                                      task_io=io, specs=specs)
     return tasks, gaps, progs, first_sample, asts, arr
 
 
@@ -646,7 +740,7 @@ def _device_check(est, dom: str, here: np.ndarray, is_gpu: bool) -> _DeviceCheck
     return out
 
 
-def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local", *, tuned: int = 0,
+def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local", *, tuned: int = DEFAULT_TUNED,
             measure: bool = False, weights: str | Path | None = None, calibrated: bool = True,
             input_shapes: dict[str, tuple[int, ...]] | None = None, save_schedules: str | Path | None = None,
             progress: bool = False, log: Callable[[str], None] | None = None) -> NetworkPrediction:
@@ -656,12 +750,14 @@ def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local
     `device`: a name ('local' = this CPU at every usable core, 'local-Nt', a catalog name such as
     'h100': a GPU is predicted from its CUDA schedules, no GPU needed) or a `DeviceSpec`.
 
-    Each kernel is predicted with its default schedule (what TVM runs untuned). `tuned` = N > 0:
-    the predictor as a tuner's cost model, with no measurement: each kernel's first N valid samples
-    (the default among them) are predicted and the predicted-fastest is its pick.
+    `tuned` = N > 0 (default `DEFAULT_TUNED`): the predictor as a tuner's cost model, with no
+    measurement: each kernel's first N valid samples (its default schedule, what TVM runs untuned,
+    is the first) are predicted, the predicted-fastest is its pick, and `total_s` sums the picks
+    (`untuned_total_s` the defaults beside it). `tuned=0`: the default schedules alone.
 
     `measure`: also compile and time each kernel's program(s) here (this CPU only) and compare
-    (`NetworkPrediction.measured`). `weights`: a predictor file (default: the shipped model, the
+    (`NetworkPrediction.measured`: per-kernel error and the whole-network ratio, for the default
+    schedules and, under `tuned`, for the picks). `weights`: a predictor file (default: the shipped model, the
     H100 one for a GPU). `calibrated`: on this CPU, use the model `tensorplan calibrate` fitted
     here when there is one (and no `weights`). `input_shapes` fixes the symbolic dimensions of a
     dynamic model. `save_schedules` = DIR: each kernel's scheduled program (the pick under `tuned`,
@@ -715,33 +811,35 @@ def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local
     logs = est.member_log_predictions(arr) if hasattr(est, "member_log_predictions") else None
     pred, spread = est.from_logs(logs) if logs is not None else (est.predict(arr), None)
     t2 = time.perf_counter()
-    owner = np.array([j for j, _, _ in progs])
+    owner = np.array([j for j, _ in progs])
     first = np.searchsorted(owner, np.arange(len(tasks)))       # each task's default-schedule row
     floors = roofline_floor(spec, [t.flops for t in tasks], [output_bytes(t.mod) for t in tasks])
     kernels: list[KernelPrediction] = []
-    mods, tuned_mods = [], []
+    counted = first.copy()                                      # each task's row the headline total counts
     for j, t in enumerate(tasks):
         r = first[j]
         kind = DEFAULT if first_sample[j] is not None else UNSCHEDULED
         k = KernelPrediction(name=t.name, key=t.key, calls=int(t.networks.get(name, 1)), flops=float(t.flops),
-                             leaves=asts[r].n_leaves, default=SchedulePrediction(kind, progs[r][2], float(pred[r])),
+                             leaves=asts[r].n_leaves, default=SchedulePrediction(kind, progs[r][1], float(pred[r])),
                              log_spread=float(spread[r]) if spread is not None else None,
                              floor_s=float(floors[j]))
-        mods.append(progs[r][1])
         if tuned:
             rows = np.flatnonzero(owner == j)
-            b = int(rows[np.argmin(pred[rows])])
-            k.tuned = SchedulePrediction(TUNED, progs[b][2], float(pred[b]), candidates=len(rows))
-            tuned_mods.append(progs[b][1] if b != r else None)
+            b = int(rows[np.argmin(pred[rows])])     # the default (row r) is among them: never above it
+            k.tuned = SchedulePrediction(TUNED, progs[b][1], float(pred[b]), candidates=len(rows))
+            counted[j] = b
+            if spread is not None:
+                k.log_spread = float(spread[b])
         kernels.append(k)
+    target = sampler_target(spec, dom)
     if save_schedules is not None:
         _save_schedules(Path(save_schedules), name, kernels,
-                        [tm if tm is not None else m for tm, m in zip(tuned_mods or [None] * len(mods), mods)])
+                        [scheduled_module(t, target, k.pick.sample) for t, k in zip(tasks, kernels)])
     res = NetworkPrediction(
         model=name, device=spec, domain=dom, predictor=type(est).__name__, weights=str(weights or SHIPPED_MODEL),
         trained_on=known, kernels=kernels, not_predicted=dict(gaps), tuned=tuned, zero_shot=check.zero_shot,
         outside_learnt=check.outside, same_device_as=check.same_as, warning=check.warning,
-        member_total_s=(np.exp(logs[:, first]) @ np.array([k.calls for k in kernels], np.float64)).tolist()
+        member_total_s=(np.exp(logs[:, counted]) @ np.array([k.calls for k in kernels], np.float64)).tolist()
         if logs is not None else None,   # the whole model as each member alone predicts it: a range
         schedules_dir=Path(save_schedules) if save_schedules is not None else None,
         featurize_s=t1 - t0, predict_s=t2 - t1)
@@ -753,17 +851,18 @@ def predict(graph_or_spec: Graph | str | Path, device: str | DeviceSpec = "local
             f"{' ...' if len(res.unscheduled) > 5 else ''}: predicted from the plain loop nest, not a GPU program")
     if threads is not None:
         t3 = time.perf_counter()
-        _time_kernels(tasks, kernels, mods, tuned_mods, threads, progress, log, time_module,
-                      tvm.target.Target({"kind": "llvm", "num-cores": threads}))
+        _time_kernels(tasks, kernels, threads, progress, log, time_module,
+                      tvm.target.Target({"kind": "llvm", "num-cores": threads}), target)
         res.measured = measured_summary(kernels, threads)
         res.measured.measure_s = time.perf_counter() - t3
     return res
 
 
-def _time_kernels(tasks, kernels: list[KernelPrediction], mods: list, tuned_mods: list, threads: int,
-                  progress: bool, log, time_module, target) -> None:
+def _time_kernels(tasks, kernels: list[KernelPrediction], threads: int, progress: bool, log, time_module, target,
+                  sampler) -> None:
     """Compile and time each kernel's default program (and its pick, under `tuned`) here, filling
-    in the schedules' measured fields."""
+    in the schedules' measured fields; the programs are rebuilt from their draw (`sampler`'s
+    target, `scheduled_module`)."""
     def timed(s: SchedulePrediction, mod, task) -> None:
         r = time_module(mod, task, target, [threads], **MEASURE_TIMER)
         if isinstance(r, str):
@@ -772,13 +871,13 @@ def _time_kernels(tasks, kernels: list[KernelPrediction], mods: list, tuned_mods
             s.measured_s, s.measured_cov = r[threads].median_s, r[threads].cov
 
     with progress_bar("compile + time", len(tasks), progress) as advance:
-        for j, (k, t, mod) in enumerate(zip(kernels, tasks, mods)):
-            timed(k.default, mod, t)
+        for k, t in zip(kernels, tasks):
+            timed(k.default, scheduled_module(t, sampler, k.default.sample), t)
             if k.default.measure_error and log:
                 log(f"{t.name}: not measured ({k.default.measure_error})")
-            if k.tuned is not None and tuned_mods[j] is None:       # the default schedule is the pick
+            if k.tuned is not None and k.tuned.sample == k.default.sample:       # the default schedule is the pick
                 k.tuned.measured_s, k.tuned.measured_cov = k.default.measured_s, k.default.measured_cov
                 k.tuned.measure_error = k.default.measure_error
             elif k.tuned is not None:
-                timed(k.tuned, tuned_mods[j], t)
+                timed(k.tuned, scheduled_module(t, sampler, k.tuned.sample), t)
             advance()

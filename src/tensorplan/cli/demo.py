@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
              vs_torch_compile: bool = typer.Option(True, "--vs-torch-compile/--no-vs-torch-compile",
                                                    help="Also race torch.compile of the model's PyTorch module "
                                                    "(zoo models and PyTorch factories have one)."),
+             rounds: int = typer.Option(15, min=1, help="Interleaved rounds of the plan against the peers."),
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
         """The main job: plan MODEL's fused kernels and race the plan against ORT, OpenVINO, torch.compile.
 
@@ -49,7 +50,7 @@ def register(app: typer.Typer) -> None:
             output_file(report, "--report")
             rep = tp.run_demo(model, threads=threads, opset=opset, orchestrate=orchestrate,
                               progress=not as_json, log=lambda m: con.print(f"[dim]{m}[/]"),
-                              vs_torch_compile=vs_torch_compile, save_plan=save_plan)
+                              vs_torch_compile=vs_torch_compile, save_plan=save_plan, rounds=rounds)
         ok_all = rep.agree and (rep.plan is None or rep.plan.agree)
         if report:
             from tensorplan.workflows.report import write_demo_report

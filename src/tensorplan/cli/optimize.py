@@ -36,8 +36,11 @@ def register(app: typer.Typer) -> None:
                                    "and torch.compile on the original model, interleaved."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (progress goes to stderr)."),
     ) -> None:
-        """Predicted costs for every candidate kernel, measurement only where it decides, BLP, race,
-        check against ONNX Runtime: a verified plan, its ONNX file and an HTML report."""
+        """Model to verified plan in a budget: predicted costs, measured where they decide, race, report.
+
+        Every candidate kernel is priced by prediction, the BLP's kernels are compiled and timed and the
+        BLP solved again until its kernels are all measured; the finalists race end to end and the kept
+        plan is checked against ONNX Runtime and timed against ONNX Runtime, OpenVINO and torch.compile."""
         import tensorplan as tp
 
         from tensorplan.cli.common import one_line_errors

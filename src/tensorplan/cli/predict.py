@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tensorplan.cdmpp.predict import DEFAULT_TUNED
+
 _err = Console(stderr=True)
 
 
@@ -24,64 +26,74 @@ def _dump(obj) -> str:
     return json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
 
 
+def _checked(label: str, c, n_kernels: int) -> str:
+    """One line: a measured check (`MeasuredCheck` or `TunedCheck`): whole model and per kernel."""
+    pk = c.per_kernel
+    n = getattr(c, "kernels_measured", None) or c.kernels
+    return (f"{label}, {n} of {n_kernels} kernels timed: whole model {c.predicted_s * 1e3:.3f} ms predicted vs "
+            f"{c.measured_s * 1e3:.3f} ms measured ({c.total_ratio:.2f}×); per kernel MAPE {pk['mape_pct']:.1f}%, "
+            f"median APE {pk['median_ape_pct']:.1f}%, within ±20% {pk['acc20_pct']:.0f}%, Spearman "
+            f"{c.spearman_across_kernels:.2f}")
+
+
 def _print_prediction(p, measure: bool) -> None:
     """The per-kernel table (largest share first), what the totals are, and the measured check."""
     con = Console()
     rng = (f" (members {min(p.member_total_s) * 1e3:.3f}–{max(p.member_total_s) * 1e3:.3f} ms)"
            if p.member_total_s else "")
-    t = Table(title=f"{p.model} on {p.domain} ({p.predictor}): {p.total_s * 1e3:.3f} ms predicted, "
-                    f"default (untuned) schedules{rng}")
-    spread = all(k.log_spread is not None for k in p.kernels)
     tuned = bool(p.tuned)
+    what = (f"tuned: the predicted-fastest of {p.tuned} schedules per kernel, none timed; untuned "
+            f"{p.untuned_total_s * 1e3:.3f} ms" if tuned else "untuned: default schedules")
+    t = Table(title=f"{p.model} on {p.domain} ({p.predictor}): {p.total_s * 1e3:.3f} ms predicted{rng}, {what}")
+    spread = all(k.log_spread is not None for k in p.kernels)
+    # the columns describe each kernel's pick (the schedule the total counts); under --tuned the default
+    # schedule's prediction (and time) follow, "=" where the pick is the default.
     # a kernel predicted below its roofline floor is marked * (each floor is in --json)
     cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + (
         ["meas µs", "pred/meas"] if measure else []) + ["× calls µs", "share"] + (
-        ["tuned pred µs"] + (["tuned meas µs"] if measure else []) if tuned else [])
+        ["untuned pred µs"] + (["untuned meas µs"] if measure else []) if tuned else [])
     for c in cols:
         t.add_column(c, justify="left" if c == "kernel" else "right")
     tot = max(p.total_s, 1e-15)
-    for k in sorted(p.kernels, key=lambda k: -k.total_s):
+    for k in sorted(p.kernels, key=lambda k: -k.pick_total_s):
         # spread ×: exp(std of the ensemble members' log predictions), 1.00 = full agreement
         extra = [f"{math.exp(k.log_spread):.2f}"] if spread else []
-        d = k.default
-        pred = f"{d.predicted_s * 1e6:.1f}" + ("[bold red]*[/]" if k.below_floor else "")
+        s, d = k.pick, k.default
+        pred = f"{s.predicted_s * 1e6:.1f}" + ("[bold red]*[/]" if k.below_floor else "")
         if measure:
-            extra += ([f"{d.measured_s * 1e6:.1f}", f"{d.predicted_s / d.measured_s:.2f}"] if d.measured_s
-                      else [d.measure_error or "-", "-"])
+            extra += ([f"{s.measured_s * 1e6:.1f}", f"{s.predicted_s / s.measured_s:.2f}"] if s.measured_s
+                      else [s.measure_error or "-", "-"])
         tail = []
-        if tuned and k.tuned is not None:   # the model's pick among the kernel's first N schedules ("=": the default)
-            tail = [f"{k.tuned.predicted_s * 1e6:.1f}" + (" =" if k.tuned.sample == d.sample else "")]
+        if tuned:
+            same = s.sample == d.sample
+            tail = ["=" if same else f"{d.predicted_s * 1e6:.1f}"]
             if measure:
-                tail.append(f"{k.tuned.measured_s * 1e6:.1f}" if k.tuned.measured_s else (k.tuned.measure_error or "-"))
+                tail.append("=" if same else f"{d.measured_s * 1e6:.1f}" if d.measured_s else (d.measure_error or "-"))
         name = k.name + (" (loop nest)" if d.kind == "unscheduled" else "")
         t.add_row(name, str(k.calls), f"{k.flops / 1e6:.2f}", str(k.leaves), pred, *extra,
-                  f"{k.total_s * 1e6:.1f}", f"{100 * k.total_s / tot:.1f}%", *tail)
+                  f"{k.pick_total_s * 1e6:.1f}", f"{100 * k.pick_total_s / tot:.1f}%", *tail)
     con.print(t)
     con.print(f"[dim]{p.what}[/]")
+    if tuned:
+        changed = sum(k.tuned.sample != k.default.sample for k in p.kernels if k.tuned is not None)
+        con.print(f"tuned total {p.total_s * 1e3:.3f} ms predicted ({changed} of {len(p.kernels)} kernels pick "
+                  f"another schedule than the default); untuned total (default schedules, --untuned) "
+                  f"{p.untuned_total_s * 1e3:.3f} ms predicted")
     if p.floor_s is not None:
         con.print(f"[dim]roofline floor of the whole model: {p.floor_s * 1e3:.4g} ms (per kernel: max(FLOPs / "
                   f"{p.device.peak_fp32_gflops:g} GFLOP/s, output bytes beyond the caches / "
                   f"{p.device.mem_bw_gbs:g} GB/s)); {len(p.below_floor)} kernel(s) predicted below it (marked *)"
                   + ("; the total is below it too" if p.total_below_floor else "") + "[/]")
-    _log(f"{len(p.kernels)} kernels; featurize {p.featurize_s:.1f} s, predict {p.predict_s * 1e3:.1f} ms")
+    _log(f"{len(p.kernels)} kernels; sample + featurize {p.featurize_s:.1f} s, predict {p.predict_s * 1e3:.1f} ms")
     m = p.measured
     if m and m.kernels_measured:
-        pk = m.per_kernel
-        con.print(f"measured at {m.threads} thread(s), {m.kernels_measured} of {len(p.kernels)} kernels: "
-                  f"whole model {m.predicted_s * 1e3:.3f} ms predicted vs {m.measured_s * 1e3:.3f} ms measured "
-                  f"({m.total_ratio:.2f}×); per kernel MAPE {pk['mape_pct']:.1f}%, median APE "
-                  f"{pk['median_ape_pct']:.1f}%, within ±20% {pk['acc20_pct']:.0f}%, Spearman "
-                  f"{m.spearman_across_kernels:.2f}")
-    if tuned:
-        changed = sum(k.tuned.sample != k.default.sample for k in p.kernels if k.tuned is not None)
-        con.print(f"tuned (the predicted-fastest of each kernel's first {p.tuned} schedules; {changed} of "
-                  f"{len(p.kernels)} kernels change): {p.tuned_total_s * 1e3:.3f} ms predicted")
-        mt = m.tuned if m else None
+        mt = m.tuned
         if mt:
-            con.print(f"tuned, measured over {mt.kernels} kernels: {mt.predicted_s * 1e3:.3f} ms predicted vs "
-                      f"{mt.measured_s * 1e3:.3f} ms measured ({mt.total_ratio:.2f}×); {mt.measured_speedup:.2f}× "
-                      f"faster than the default schedules measured ({mt.default_measured_s * 1e3:.3f} ms); "
-                      f"{mt.kernels_slower} kernels got slower")
+            con.print(_checked(f"tuned picks measured at {m.threads} thread(s)", mt, len(p.kernels))
+                      + f"; {mt.measured_speedup:.2f}× faster than the default schedules measured "
+                      f"({mt.default_measured_s * 1e3:.3f} ms); {mt.kernels_slower} kernel(s) got slower")
+        con.print(_checked(f"{'untuned default schedules' if tuned else 'default schedules'} measured at "
+                           f"{m.threads} thread(s)", m, len(p.kernels)))
     if p.schedules_dir is not None:
         _log(f"schedules: {p.schedules_dir}/ (TVMScript per kernel, index in schedules.json)")
     if m and m.kernels_failed:
@@ -108,21 +120,30 @@ def register(app: typer.Typer) -> None:
                                      "model and predict with the shipped one."),
         input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=D1,D2,... (repeatable): static "
                                               "shapes for a model with symbolic dimensions."),
-        tuned: int = typer.Option(0, "--tuned", min=0, help="Also rank each kernel's first N design-space schedules with "
-                                  "the model and report the network with the predicted-fastest ones (with --measure: "
-                                  "timed too)."),
+        tuned: Optional[int] = typer.Option(None, "--tuned", min=1, help="Schedules ranked per kernel (default "
+                                            f"{DEFAULT_TUNED}): the model ranks each kernel's first N design-space "
+                                            "schedules, none timed, and the total sums the predicted-fastest ones "
+                                            "(with --measure: timed too)."),
+        untuned: bool = typer.Option(False, "--untuned", help="Predict each kernel's default schedule only (what "
+                                     "TVM runs for a kernel nobody tuned) instead of the tuned picks."),
         save_schedules: Optional[Path] = typer.Option(None, "--save-schedules", help="Write each kernel's "
-                                                      "scheduled program (the --tuned pick, else the default) as "
-                                                      "TVMScript into this directory, with an index."),
+                                                      "scheduled program (the tuned pick, or the default with "
+                                                      "--untuned) as TVMScript into this directory, with an index."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Predict per-kernel and whole-model latency with CDMPP.
 
-        The total sums each kernel's default schedule (first valid sample): the latency of TVM's untuned kernels."""
+        The total sums each kernel's tuned pick (the predicted-fastest of its first N sampled schedules,
+        none timed); the untuned total (default schedules) is shown beside it, and --untuned predicts
+        the default schedules alone."""
         from tensorplan.cdmpp.predict import predict
         from tensorplan.ir.onnx_import import parse_input_shapes
 
-        p = predict(model, device, tuned=tuned, measure=measure, weights=weights, calibrated=not shipped,
+        if untuned and tuned is not None:
+            raise typer.BadParameter("--untuned predicts the default schedules only; leave out --tuned N",
+                                     param_hint="--untuned")
+        n = 0 if untuned else DEFAULT_TUNED if tuned is None else tuned
+        p = predict(model, device, tuned=n, measure=measure, weights=weights, calibrated=not shipped,
                     input_shapes=parse_input_shapes(input_shape) or None, save_schedules=save_schedules,
                     progress=not json_out, log=None if json_out else _log)
         if json_out:

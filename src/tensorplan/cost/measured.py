@@ -12,6 +12,9 @@ Per candidate kind:
 - opaque: ONNX Runtime;
 - region (several original operators, korch/regions.py): one ONNX Runtime session over them, and
   the same operators compiled by OpenVINO (`region_backends`; kernels/openvino.py).
+With `tvm_schedules` (e.g. `TunedCost.top_schedules`), each memory candidate is also timed
+with every TVM schedule it returns (sampled meta_schedule schedules), and the store key then
+includes a digest of those schedules, so records of different schedule sets never mix.
 ONNX Runtime is timed at full threads and at one thread. The fastest variant wins
 (Korch's min over profilers) and is recorded as the plan kernel's backend + schedule.
 
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tensorplan.errors import CompileError, TensorplanError
 from tensorplan.ir.graph import Graph
@@ -54,7 +57,8 @@ class MeasuredCost:
     def __init__(self, store: Any = None, device: Any = "local", threads: int | None = None, budget_s: float = 0.05,
                  linear_backends: tuple[str, ...] = ("ort",), singleton_ort: bool = True,
                  tag: str = "", remeasure: bool = False, statistic: str = "min", outlier_factor: float = 4.0,
-                 region_backends: tuple[str, ...] = ("ort", "openvino")):
+                 region_backends: tuple[str, ...] = ("ort", "openvino"),
+                 tvm_schedules: "Callable[[Graph, Candidate], list[dict]] | None" = None):
         from tensorplan import devices
         from tensorplan.measure.store import Store
         self.store = store if isinstance(store, Store) else Store(store)
@@ -72,6 +76,8 @@ class MeasuredCost:
             raise TensorplanError(f"MeasuredCost: statistic must be 'min' or 'median', not '{statistic}'")
         self.statistic = statistic
         self.outlier_factor = float(outlier_factor)
+        self.tvm_schedules = tvm_schedules
+        self._extra: dict[str, list[dict]] = {}   # canonical hash -> extra TVM schedules to time
         self._info: dict[str, dict] = {}   # canonical hash -> {"backend", "schedule", ...}
         self.stats = {"measured": 0, "cached": 0, "failed": 0, "remeasured": 0, "compile_s": 0.0, "measure_s": 0.0}
 
@@ -148,7 +154,28 @@ class MeasuredCost:
                    "linear_backends": sorted(self.linear_backends) if c.kind == "linear" else []}
         if c.kind == "region" and self.region_backends != ("ort",):   # the key of ORT-only regions is unchanged
             payload["region_backends"] = sorted(self.region_backends)
+        extra = self._extra_schedules(prim, c)
+        if extra:                          # without extra schedules the key is unchanged
+            payload["tvm_schedules"] = schedules_digest(extra)
         return self.store.put_program(PROGRAM_KIND, payload)
+
+    def _extra_schedules(self, prim: Graph, c: "Candidate") -> list[dict]:
+        """The memory candidate's extra TVM schedules (`tvm_schedules`), those the default variants
+        already time left out; cached per canonical hash."""
+        if self.tvm_schedules is None or c.kind != "memory":
+            return []
+        got = self._extra.get(c.canonical_hash)
+        if got is None:
+            base = [{"name": "default"}, {"name": "default", "parallel": False}]
+            got = []
+            for sch in self.tvm_schedules(prim, c) or []:
+                if not isinstance(sch, dict) or "name" not in sch:
+                    raise TensorplanError(f"MeasuredCost: tvm_schedules returned {type(sch).__name__} {sch!r:.80} "
+                                          f"for candidate {c.id}; it must return schedule dicts with a 'name'")
+                if sch not in base and sch not in got:
+                    got.append(dict(sch))
+            self._extra[c.canonical_hash] = got
+        return got
 
     def _from_record(self, c: "Candidate", rec: dict) -> float:
         ex = rec.get("extra") or {}
@@ -162,13 +189,15 @@ class MeasuredCost:
         sub = c.graph(prim)
         outputs = list(c.outputs)
         backends = self._backends_for(c, sub)
+        extra_scheds = self._extra_schedules(prim, c)
+        backends += [f"tvm:s{j}" for j in range(len(extra_scheds))]
         t0 = time.perf_counter()
         times: dict[str, float] = {}
         timings: dict[str, Timing] = {}
         errors: dict[str, str] = {}
         for b in backends:
             try:
-                tm = self._time_backend(sub, outputs, b)
+                tm = self._time_backend(sub, outputs, b, extra_scheds)
             except (CompileError, TensorplanError) as e:
                 errors[b] = str(e)[:300]
                 continue
@@ -190,7 +219,7 @@ class MeasuredCost:
         best = min(times, key=times.get)
         if keep_best_of is not None and keep_best_of <= times[best]:
             return keep_best_of  # the first timing stands (already in the store)
-        backend, sched = self._variant(best)
+        backend, sched = self._variant(best, extra_scheds)
         extra = {"backend": backend, "variant": best, "schedule": sched, "times": times, "errors": errors or None,
                  "statistic": self.statistic}
         self.store.put_measurement(pk, self.dev_key, timings[best], self.tag, extra)
@@ -222,8 +251,11 @@ class MeasuredCost:
         return tvm
 
     @staticmethod
-    def _variant(name: str) -> tuple[str, dict]:
-        """"ort:1t" -> ("ort", {"threads": 1, "spinning": False}), "tvm:serial" -> TVM, no parallel."""
+    def _variant(name: str, extra: list[dict] | None = None) -> tuple[str, dict]:
+        """"ort:1t" -> ("ort", {"threads": 1, "spinning": False}), "tvm:serial" -> TVM, no parallel,
+        "tvm:s<j>" -> TVM with the j-th extra schedule."""
+        if name.startswith("tvm:s") and name[5:].isdigit():
+            return "tvm", dict((extra or [])[int(name[5:])])
         if name == "ort":
             return "ort", {"spinning": False}
         if name == "ort:1t":
@@ -236,11 +268,11 @@ class MeasuredCost:
             return "openvino", {}
         return name, {}
 
-    def _time_backend(self, sub: Graph, outputs: list[str], variant: str):
+    def _time_backend(self, sub: Graph, outputs: list[str], variant: str, extra: list[dict] | None = None):
         from tensorplan.measure.timer import measure
         from tensorplan.kernels.vendor import make_kernel, random_inputs
         t0 = time.perf_counter()
-        backend, sched = self._variant(variant)
+        backend, sched = self._variant(variant, extra)
         k = make_kernel(sub, outputs, backend, threads=self.threads, schedule=sched or None)
         self.stats["compile_s"] += time.perf_counter() - t0
         ins = random_inputs(sub, list(k.input_names))
@@ -248,6 +280,13 @@ class MeasuredCost:
         fn = k.bind(ins, outs)
         return measure(fn, warmup=2, min_repeats=5, max_repeats=200, budget_s=self.budget_s, number=None,
                        min_repeat_s=2e-4)
+
+
+def schedules_digest(schedules: list[dict]) -> str:
+    """Content digest of a list of schedule dicts (part of a store key)."""
+    import hashlib
+    from tensorplan.measure.store import canonical_json
+    return hashlib.sha256(canonical_json(schedules).encode()).hexdigest()[:24]
 
 
 def _index(prim: Graph) -> dict:
@@ -272,4 +311,4 @@ def _progress(enabled: bool, total: int, desc: str):
     return bar, bar.add_task(desc, total=total)
 
 
-__all__ = ["MeasuredCost", "PROGRAM_KIND", "COST_VERSION"]
+__all__ = ["MeasuredCost", "PROGRAM_KIND", "COST_VERSION", "schedules_digest"]

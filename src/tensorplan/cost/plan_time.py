@@ -168,9 +168,10 @@ class PlanTimeModel:
     models: list[str] = field(default_factory=list)
 
     # -- fitting --------------------------------------------------------------------------
-    def fit(self, records: Iterable[PlanRun], ridge: float = 0.05) -> "PlanTimeModel":
+    def fit(self, records: Iterable[PlanRun], ridge: float = 0.05, huber: float = 0.15) -> "PlanTimeModel":
         """Fit the terms on measured plans (non-negative least squares on relative error, each term
-        pulled toward today's objective by `ridge`). Returns self."""
+        pulled toward today's objective by `ridge`; plans off by more than `huber` (relative) weigh
+        less). Returns self."""
         from scipy.optimize import nnls
         runs = [r for r in records if r.kernels and r.measured_s > 0]
         if not runs:
@@ -187,7 +188,11 @@ class PlanTimeModel:
         reg = math.sqrt(ridge) * np.diag(share)
         target = np.zeros(A2.shape[1])
         target[_SCALE] = math.sqrt(ridge) * share[_SCALE]
-        coef, _ = nnls(np.vstack([A2, reg]), np.concatenate([b, target]), maxiter=5000)
+        w = np.ones(len(runs))
+        for _ in range(4):      # Huber reweighting: a plan timed in another job's burst counts less
+            coef, _ = nnls(np.vstack([A2 * w[:, None], reg]), np.concatenate([b * w, target]), maxiter=5000)
+            res = np.abs(A2 @ coef - b)
+            w = np.sqrt(np.where(res <= huber, 1.0, huber / np.maximum(res, 1e-12)))
         theta = coef[:X.shape[1]].copy()
         theta[_SCALE] -= coef[-1]
         self.constant_s = float(theta[_CONST])
@@ -221,6 +226,19 @@ class PlanTimeModel:
         p = self.change_rate.get(cls, 0.5)
         extra = self.dispatch_s.get(cls, 0.0) + p * (self.handoff_s + self.handoff_s_per_byte * ib)
         return float(extra + max(self.scale - 1.0, -0.5) * float(solo_s))
+
+    def overheads(self, prim: Graph, cands: list["Candidate"], costs: Any, info: Any = None) -> np.ndarray:
+        """`overhead` for every candidate, as the array the BLP adds to `costs` (orchestrate's
+        `Problem.overhead`); `info(prim, cand) -> {"backend", "schedule"}` is the cost model's
+        `kernel_info` (default: ONNX Runtime for linear, opaque and region kernels, TVM for memory)."""
+        out = np.zeros(len(cands))
+        for j, (c, s) in enumerate(zip(cands, costs)):
+            if not math.isfinite(float(s)):
+                continue
+            got = info(prim, c) if callable(info) else {}
+            backend = str(got.get("backend") or ("tvm" if c.kind == "memory" else "ort"))
+            out[j] = self.overhead(prim, c, backend, got.get("schedule") or {}, float(s))
+        return out
 
     def _theta(self) -> np.ndarray:
         th = np.zeros(_NCOL)

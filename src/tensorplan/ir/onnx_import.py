@@ -132,6 +132,8 @@ def _check_opset(proto: onnx.ModelProto, label: str) -> int:
     if v is None:
         if not proto.opset_import and proto.ir_version and proto.ir_version < 3:
             v = 1
+        elif versions and not any(n.domain in _DEFAULT_DOMAINS for n in proto.graph.node):
+            v = MAX_OPSET  # only other domains' ops (ai.onnx.ml): any default opset serves
         else:
             raise ModelImportError(
                 f"{label}: declares no default-domain opset (opset_import is "
@@ -182,6 +184,12 @@ def _reword(reason: str, outs: str) -> str:
     return reason
 
 
+# Attribute defaults of the operator schema that onnx's shape inference does not apply (STFT's
+# inference reads onesided as 0 when it is absent; the schema's default, which ONNX Runtime
+# runs, is 1): set explicitly on import, so inference and execution agree.
+_INFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {"STFT": {"onesided": 1}}
+
+
 def _validation_copy(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]],
                      node_names: list[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
     """The model as given, without its big weights (they go in as typed inputs), for the checker
@@ -226,6 +234,10 @@ def _validation_copy(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, 
         if k < len(node_names):
             n.name = node_names[k]
         names[n.name] = f"node '{n.name}' ({n.op_type})"
+        given = {a.name for a in n.attribute}
+        for key, value in _INFERENCE_DEFAULTS.get(n.op_type, {}).items():
+            if n.domain in _DEFAULT_DOMAINS and key not in given:
+                n.attribute.append(helper.make_attribute(key, value))
     return m, names
 
 
@@ -427,6 +439,8 @@ class _State:
         self.names: set[str] = set()
         self.domain_opsets: dict[str, int] = {}
         self.proto_names: list[str] = []  # tensorplan's name of each node read, in order
+        # Scan nodes converted from Scan-8 (batched), by first output: their scan directions
+        self.scan8: dict[str, list[int]] = {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -508,6 +522,9 @@ def _add_nodes(st: _State, nodes, prefix: str = "") -> None:
         if not p.op_type:
             raise ModelImportError(f"{where}: node has no op_type")
         _check_version(where, p.op_type, p.domain, st.opset, attrs)
+        if p.domain in _DEFAULT_DOMAINS:
+            for key, value in _INFERENCE_DEFAULTS.get(p.op_type, {}).items():
+                attrs.setdefault(key, value)
         if p.op_type == "Constant" and p.domain in _DEFAULT_DOMAINS:
             if len(p.output) != 1 or not p.output[0]:
                 raise ModelImportError(f"{where}: Constant must have exactly one output")
@@ -622,6 +639,269 @@ def _inline_constant_ifs(st: _State) -> bool:
     return changed
 
 
+# Loops unrolled at import: at most this many iterations and this many body nodes in all.
+_MAX_UNROLL_ITERATIONS, _MAX_UNROLL_NODES = 1024, 20000
+
+
+def _loop_cond_out(body: onnx.GraphProto) -> tuple[str, Any]:
+    """How a Loop body computes its condition output: ("same", None) when it passes its
+    condition input through, ("const", bool) when it is a constant, ("data", None) otherwise."""
+    cin, cout = body.input[1].name, body.output[0].name
+    while True:
+        if cout == cin:
+            return "same", None
+        for t in body.initializer:
+            if t.name == cout:
+                return "const", bool(numpy_helper.to_array(t).reshape(-1)[0])
+        prod = next((p for p in body.node if cout in p.output), None)
+        if prod is None or prod.domain not in _DEFAULT_DOMAINS:
+            return "data", None
+        if prod.op_type == "Identity":
+            cout = prod.input[0]
+            continue
+        if prod.op_type == "Constant":
+            for a in prod.attribute:
+                if a.name == "value":
+                    return "const", bool(numpy_helper.to_array(a.t).reshape(-1)[0])
+        return "data", None
+
+
+def _loop_trips(st: _State, n: Node) -> int | None:
+    """How many times a Loop runs, when its trip count, first condition and the way its body
+    updates the condition are known at import; None otherwise."""
+    body = n.attrs.get("body")
+    if not isinstance(body, onnx.GraphProto) or len(body.input) < 2 or not body.output:
+        return None
+    if _has_nested_graphs(body):
+        return None  # nested control flow stays a Loop (and is refused by name)
+    m_name = n.inputs[0] if n.inputs else ""
+    c_name = n.inputs[1] if len(n.inputs) > 1 else ""
+    if not m_name or m_name not in st.consts or (c_name and c_name not in st.consts):
+        return None
+    trips = int(np.asarray(st.consts[m_name]).reshape(-1)[0])
+    cond = bool(np.asarray(st.consts[c_name]).reshape(-1)[0]) if c_name else True
+    kind, value = _loop_cond_out(body)
+    if kind == "data":
+        return None
+    if not cond:
+        return 0
+    return max(0, min(trips, 1 if (kind == "const" and not value) else trips))
+
+
+class _Unroller:
+    """Copies of a sub-graph's nodes inlined into the importing graph, its names made unique per
+    copy; values stacked along an axis with Unsqueeze + Concat in the graph's opset."""
+
+    def __init__(self, st: _State, owner: Node, out: list[Node]):
+        self.st, self.owner, self.out = st, owner, out
+        self.taken = st.names | set(st.consts) | {i for m in st.nodes for i in m.inputs + m.outputs}
+
+    def fresh(self, base: str) -> str:
+        name = unique_name(self.taken, base)
+        self.taken.add(name)
+        return name
+
+    def inline(self, body: onnx.GraphProto, bound: list, tag: str) -> list[str]:
+        """One copy of `body` with its inputs bound to tensor names (str) or constants (arrays);
+        the names of its outputs."""
+        st = self.st
+        local = {vi.name for vi in body.input} | {t.name for t in body.initializer} | {
+            o for p in body.node for o in p.output if o}
+        ren = {name: self.fresh(tag + name) for name in sorted(local)}
+        for vi, v in zip(body.input, bound):
+            if isinstance(v, str):
+                ren[vi.name] = v
+            else:
+                st.consts[ren[vi.name]] = np.asarray(v)
+        for t in body.initializer:
+            st.consts[ren[t.name]] = _to_array(t, st.label)
+        copy = onnx.GraphProto()
+        copy.node.extend(body.node)
+        for p in copy.node:
+            p.input[:] = [ren.get(i, i) for i in p.input]
+            p.output[:] = [ren.get(o, o) if o else o for o in p.output]
+        sub = _State(st.label, st.opset)
+        sub.names = st.names
+        _add_nodes(sub, copy.node, prefix=tag)
+        st.consts.update(sub.consts)
+        self.out.extend(sub.nodes)
+        return [ren.get(o.name, o.name) for o in body.output]
+
+    def emit(self, op: str, inputs: list[str], output: str, attrs: dict | None = None) -> None:
+        name = unique_name(self.st.names, f"{self.owner.name}/{op.lower()}_{output}")
+        self.st.names.add(name)
+        self.out.append(Node(name, op, inputs, [output], attrs or {}))
+
+    def const(self, base: str, value: np.ndarray) -> str:
+        name = self.fresh(f"{self.owner.name}/{base}")
+        self.st.consts[name] = value
+        return name
+
+    def stack(self, values: list[str], dst: str, axis: int) -> None:
+        parts = []
+        for v in values:
+            part = self.fresh(f"{v}/stacked")
+            if self.st.opset >= 13:
+                self.emit("Unsqueeze", [v, self.const("axis", np.array([axis], np.int64))], part)
+            else:
+                self.emit("Unsqueeze", [v], part, {"axes": [axis]})
+            parts.append(part)
+        self.emit("Concat", parts, dst, {"axis": axis})
+
+
+def _check_unroll(where: str, trips: int, body: onnx.GraphProto) -> None:
+    if trips > _MAX_UNROLL_ITERATIONS or trips * len(body.node) > _MAX_UNROLL_NODES:
+        raise ModelImportError(
+            f"{where}: runs {trips} iterations of {len(body.node)} nodes, too many to unroll "
+            f"(at most {_MAX_UNROLL_ITERATIONS} iterations, {_MAX_UNROLL_NODES} nodes); "
+            "re-export with a shorter loop")
+
+
+def _has_nested_graphs(body: onnx.GraphProto) -> bool:
+    return any(a.type == onnx.AttributeProto.GRAPH for p in body.node for a in p.attribute)
+
+
+def _unroll_loop(st: _State, n: Node, trips: int, out: list[Node]) -> None:
+    body: onnx.GraphProto = n.attrs["body"]
+    n_carried = len(n.inputs) - 2
+    n_scan = len(body.output) - 1 - n_carried
+    where = f"{st.label}: node '{n.name}' (Loop)"
+    _check_unroll(where, trips, body)
+    if trips == 0 and n_scan:
+        raise ModelImportError(
+            f"{where}: runs no iteration, so its scan outputs have no shape; re-export "
+            "without the empty loop")
+    u = _Unroller(st, n, out)
+    carried: list = list(n.inputs[2:])
+    scans: list[list[str]] = [[] for _ in range(n_scan)]
+    for k in range(trips):
+        outs = u.inline(body, [np.array(k, np.int64), np.array(True)] + carried, f"{n.name}/{k}/")
+        carried = outs[1:1 + n_carried]
+        for j, name in enumerate(outs[1 + n_carried:]):
+            scans[j].append(name)
+    for src, dst in zip(carried, n.outputs[:n_carried]):
+        if dst:
+            u.emit("Identity", [src], dst)
+    for vals, dst in zip(scans, n.outputs[n_carried:]):
+        if dst:
+            u.stack(vals, dst, 0)
+
+
+def _scan_shape(st: _State, name: str) -> tuple | None:
+    return st.consts[name].shape if name in st.consts else (st.shapes.get(name) or (None, None))[1]
+
+
+def _scan_trips(st: _State, n: Node) -> int | None:
+    """Iterations of a Scan: the length of its scan inputs along their scan axes (axis 1 of a
+    batched Scan-8), once shapes are known; None before that or for a Scan not unrolled."""
+    body = n.attrs.get("body")
+    m = int(n.attrs.get("num_scan_inputs", 0) or 0)
+    if not isinstance(body, onnx.GraphProto) or m < 1 or _has_nested_graphs(body):
+        return None
+    batched = bool(n.outputs) and n.outputs[0] in st.scan8
+    axes = [1] * m if batched else list(n.attrs.get("scan_input_axes") or [0] * m)
+    lengths, batches = set(), set()
+    for name, ax in zip(n.inputs[len(n.inputs) - m:], axes):
+        shape = _scan_shape(st, name)
+        if shape is None or not -len(shape) <= ax < len(shape):
+            return None
+        lengths.add(int(shape[ax]))
+        batches.add(int(shape[0]))
+    if len(lengths) != 1 or (batched and len(batches) != 1):
+        return None  # the checker / ONNX Runtime names the mismatch
+    return lengths.pop()
+
+
+def _scan_sequence(u: _Unroller, n: Node, states: list, inputs: list[str], axes: list[int],
+                   dirs: list[int], trips: int, tag: str) -> tuple[list, list[list[str]]]:
+    """`trips` copies of a Scan body over `inputs`: the final states and each scan output's
+    per-iteration values (in iteration order)."""
+    body: onnx.GraphProto = n.attrs["body"]
+    scans: list[list[str]] = [[] for _ in range(len(body.output) - len(states))]
+    for k in range(trips):
+        elems = []
+        for j, (name, ax, d) in enumerate(zip(inputs, axes, dirs)):
+            e = u.fresh(f"{tag}{k}/in{j}")
+            u.emit("Gather", [name, u.const("index", np.array(trips - 1 - k if d else k, np.int64))],
+                   e, {"axis": int(ax)})
+            elems.append(e)
+        outs = u.inline(body, states + elems, f"{tag}{k}/")
+        states = outs[:len(states)]
+        for j, name in enumerate(outs[len(states):]):
+            scans[j].append(name)
+    return states, scans
+
+
+def _unroll_scan(st: _State, n: Node, trips: int, out: list[Node]) -> None:
+    body: onnx.GraphProto = n.attrs["body"]
+    m = int(n.attrs["num_scan_inputs"])
+    n_state = len(n.inputs) - m
+    n_scan_out = len(body.output) - n_state
+    where = f"{st.label}: node '{n.name}' (Scan)"
+    batched = n.outputs[0] in st.scan8
+    batch = int(_scan_shape(st, n.inputs[-1])[0]) if batched else 1
+    _check_unroll(where, trips * batch, body)
+    if trips == 0 and n_scan_out:
+        raise ModelImportError(f"{where}: scans no element, so its scan outputs have no shape")
+    u = _Unroller(st, n, out)
+    if not batched:
+        in_axes = list(n.attrs.get("scan_input_axes") or [0] * m)
+        in_dirs = list(n.attrs.get("scan_input_directions") or [0] * m)
+        out_axes = list(n.attrs.get("scan_output_axes") or [0] * n_scan_out)
+        out_dirs = list(n.attrs.get("scan_output_directions") or [0] * n_scan_out)
+        states, scans = _scan_sequence(u, n, list(n.inputs[:n_state]), list(n.inputs[n_state:]),
+                                       in_axes, in_dirs, trips, f"{n.name}/")
+        for src, dst in zip(states, n.outputs[:n_state]):
+            if dst:
+                u.emit("Identity", [src], dst)
+        for vals, dst, ax, d in zip(scans, n.outputs[n_state:], out_axes, out_dirs):
+            if dst:
+                u.stack(vals[::-1] if d else vals, dst, int(ax))
+        return
+    # Scan-8: axis 0 of every input and output is a batch; each batch element is one scan
+    dirs = st.scan8[n.outputs[0]] or [0] * m
+    finals: list[list[str]] = [[] for _ in range(n_state)]
+    stacked: list[list[str]] = [[] for _ in range(n_scan_out)]
+    for b in range(batch):
+        pick = []
+        for j, name in enumerate(n.inputs):
+            e = u.fresh(f"{n.name}/b{b}/{'state' if j < n_state else 'in'}{j}")
+            u.emit("Gather", [name, u.const("batch", np.array(b, np.int64))], e, {"axis": 0})
+            pick.append(e)
+        states, scans = _scan_sequence(u, n, pick[:n_state], pick[n_state:], [0] * m, dirs, trips,
+                                       f"{n.name}/b{b}/")
+        for j, s in enumerate(states):
+            finals[j].append(s)
+        for j, vals in enumerate(scans):
+            seq = u.fresh(f"{n.name}/b{b}/scan{j}")
+            u.stack(vals, seq, 0)
+            stacked[j].append(seq)
+    for vals, dst in zip(finals + stacked, n.outputs):
+        if dst:
+            u.stack(vals, dst, 0)
+
+
+def _unroll_constant_loops(st: _State) -> bool:
+    """Replace each Loop whose iteration count is known at import, and each Scan over inputs of
+    known length, by copies of its body, one per iteration (carried values wired through, scan
+    outputs stacked along their axis)."""
+    changed = False
+    out: list[Node] = []
+    for n in st.nodes:
+        if n.op == "Loop" and not n.domain and (trips := _loop_trips(st, n)) is not None:
+            _unroll_loop(st, n, trips, out)
+        elif n.op == "Scan" and not n.domain and (trips := _scan_trips(st, n)) is not None:
+            _unroll_scan(st, n, trips, out)
+        else:
+            out.append(n)
+            continue
+        for o in n.outputs:  # what inference said of the loop's outputs is recomputed
+            st.shapes.pop(o, None)
+        changed = True
+    st.nodes = out
+    return changed
+
+
 # ------------------------------------------------------------------ shape inference
 def _skeleton(st: _State) -> onnx.ModelProto:
     """The current graph without big weights: inference needs only their types/shapes."""
@@ -648,7 +928,8 @@ def _skeleton(st: _State) -> onnx.ModelProto:
         outputs.append(helper.make_tensor_value_info(o, elem, None))
     nodes = [node_to_proto(n, st.opset) for n in st.nodes]
     g = helper.make_graph(nodes, "skeleton", inputs, outputs, inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", st.opset)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", st.opset)] + [
+        helper.make_opsetid(d, v) for d, v in st.domain_opsets.items()])
     m.ir_version = 9
     return m
 
@@ -791,7 +1072,7 @@ _UPGRADES: dict[str, tuple[int, ...]] = {
     "MaxUnpool": (9,), "Mean": (6,), "Min": (6,), "NonMaxSuppression": (10,), "OneHot": (9,),
     "PRelu": (7,), "Pad": (2,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
     "ReduceLogSumExp": (1,), "ReduceMax": (1,), "ReduceMean": (1,), "ReduceMin": (1,),
-    "ReduceProd": (1,), "ReduceSum": (1,), "ReduceSumSquare": (1,), "Resize": (10,), "Scan": (9,),
+    "ReduceProd": (1,), "ReduceSum": (1,), "ReduceSumSquare": (1,), "Resize": (10,), "Scan": (8, 9),
     "Scatter": (9,), "Slice": (1, 10), "Softmax": (1,), "Split": (2,), "Squeeze": (1,), "Sum": (6,),
     "TopK": (1, 10), "Unsqueeze": (1,), "Upsample": (7, 9),
 }
@@ -805,67 +1086,61 @@ def _since(op: str, opset: int) -> int | None:
 
 
 def _walk_nodes(g: onnx.GraphProto, names: list[str], prefix: str = ""):
-    """(name, node, graph) for every node of g and of its sub-graphs; top-level names from `names`."""
+    """(name, node) for every node of g and of its sub-graphs; top-level names from `names`."""
     for k, p in enumerate(g.node):
         name = names[k] if not prefix and k < len(names) else prefix + (p.name or f"{p.op_type}_{k}")
-        yield name, p, g
+        yield name, p
         for a in p.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
                 yield from _walk_nodes(a.g, names, f"{name}/{a.name}/")
 
 
-def _const_value(g: onnx.GraphProto, name: str) -> np.ndarray | None:
-    """The value of `name` when an initializer or a Constant node of g defines it."""
-    for t in g.initializer:
-        if t.name == name:
-            return numpy_helper.to_array(t)
-    for p in g.node:
-        if p.op_type == "Constant" and list(p.output) == [name]:
-            for a in p.attribute:
-                if a.name == "value":
-                    return numpy_helper.to_array(a.t)
-                if a.name == "value_floats":
-                    return np.asarray(a.floats, np.float32)
-    return None
-
-
-def _resize_from_v10(where: str, p: onnx.NodeProto, g: onnx.GraphProto, since: int) -> dict:
+def _resize_from_v10(p: onnx.NodeProto) -> dict:
     """The Resize-11 attributes that compute what ONNX Runtime computes for Upsample-7/9 and
-    Resize-10: asymmetric coordinates; nearest rounds down (Upsample, whose scales are >= 1) or,
-    for Resize-10, rounds down when it upsamples and up when it downsamples (ONNX Runtime's
-    "simple" rounding). A Resize-10 that does both at once, or whose scales are not constants,
-    has no Resize-11 equivalent and is refused."""
+    Resize-10: asymmetric coordinates; nearest rounds down (Upsample, whose scales are >= 1).
+    Resize-10 in nearest mode rounds down when it upsamples and up when it downsamples (ONNX
+    Runtime's "simple" rounding): `_settle_resize10` picks the mode once its scales are known."""
     attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
     mode = attrs.get("mode", b"nearest")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     out = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
-    if mode != "nearest":
-        return out
-    if p.op_type == "Upsample":
+    if mode == "nearest":
         out["nearest_mode"] = "floor"
-        return out
-    scales = _const_value(g, p.input[1]) if len(p.input) > 1 else None
-    if scales is None:
-        raise ModelImportError(
-            f"{where}: Resize version {since} in nearest mode with scales computed at run time "
-            "rounds differently when it downsamples; re-export the model at opset 11 or newer")
-    sc = np.asarray(scales, np.float32).reshape(-1)
-    up, down = bool((sc > 1).any()), bool((sc < 1).any())
-    if up and down:
-        raise ModelImportError(
-            f"{where}: Resize version {since} in nearest mode upsamples some axes and downsamples "
-            f"others (scales {sc.tolist()}), which opset 11 cannot express; re-export the model at "
-            "opset 11 or newer")
-    out["nearest_mode"] = "ceil" if down else "floor"
     return out
 
 
-def _check_old_node(where: str, p: onnx.NodeProto, g: onnx.GraphProto, opset: int) -> dict | None:
-    """Refuse an operator version `_upgrade` does not convert; the Resize-11 attributes for an
-    Upsample / Resize-10 node."""
+def _settle_resize10(st: _State, pending: dict[str, int]) -> None:
+    """Each converted Resize-10 in nearest mode (by output name -> version): round up when all
+    its scales downsample; refused when its scales are unknown at import or mix both ways."""
+    for n in st.nodes:
+        if n.op != "Resize" or not n.outputs or n.outputs[0] not in pending:
+            continue
+        where = f"{st.label}: node '{n.name}' (Resize)"
+        since = pending[n.outputs[0]]
+        scales = st.consts.get(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else None
+        if scales is None:
+            raise ModelImportError(
+                f"{where}: Resize version {since} in nearest mode with scales computed at run time "
+                "rounds differently when it downsamples; re-export the model at opset 11 or newer")
+        sc = np.asarray(scales, np.float32).reshape(-1)
+        if (sc > 1).any() and (sc < 1).any():
+            raise ModelImportError(
+                f"{where}: Resize version {since} in nearest mode upsamples some axes and "
+                f"downsamples others (scales {sc.tolist()}), which opset 11 cannot express; "
+                "re-export the model at opset 11 or newer")
+        if (sc < 1).any():
+            n.attrs["nearest_mode"] = "ceil"
+
+
+def _check_old_node(where: str, p: onnx.NodeProto, opset: int) -> None:
+    """Refuse an operator version `_upgrade` does not convert."""
     old, new = _since(p.op_type, opset), _since(p.op_type, NATIVE_OPSET)
     if old is None or old == new:
-        return None  # unknown ops are named by the checker; unchanged versions need nothing
+        return  # unknown ops are named by the checker; unchanged versions need nothing
+    if new is None:
+        raise ModelImportError(
+            f"{where}: {p.op_type} version {old} (opset {opset}) was removed from ONNX before opset "
+            f"{NATIVE_OPSET} and tensorplan does not implement it; re-export the model without it")
     if old not in _UPGRADES.get(p.op_type, ()):
         raise ModelImportError(
             f"{where}: {p.op_type} version {old} (opset {opset}) is older than tensorplan "
@@ -878,9 +1153,10 @@ def _check_old_node(where: str, p: onnx.NodeProto, g: onnx.GraphProto, opset: in
                 f"{where}: BatchNormalization version {old} with spatial={spatial} (statistics per "
                 "element, not per channel) is not supported; re-export the model at opset "
                 f"{NATIVE_OPSET} or newer")
-    if p.op_type in ("Upsample", "Resize"):
-        return _resize_from_v10(where, p, g, old)
-    return None
+    if p.op_type == "Scan" and old == 8 and p.input and p.input[0]:
+        raise ModelImportError(
+            f"{where}: Scan version 8 with sequence_lens (a length per batch element) is not "
+            f"supported; re-export the model at opset {NATIVE_OPSET} or newer")
 
 
 def _scope_generated_names(g: onnx.GraphProto, original: set[str], tag: str = "") -> None:
@@ -909,11 +1185,38 @@ def _all_names(g: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _upgrade(proto: onnx.ModelProto, label: str, opset: int,
-             input_shapes: dict[str, tuple[int, ...]] | None) -> onnx.ModelProto:
+def _marked_nodes(g: onnx.GraphProto, ops: tuple[str, ...]):
+    """Nodes of g and its sub-graphs (depth first, in order) whose op is one of `ops`."""
+    for p in g.node:
+        if p.op_type in ops and p.domain in _DEFAULT_DOMAINS:
+            yield p
+        for a in p.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _marked_nodes(a.g, ops)
+
+
+def _restore_interface(new: onnx.GraphProto, old: onnx.GraphProto) -> None:
+    """The model's declared inputs, outputs and value_info as given: they do not change with
+    its opset (the Scan 8->9 adapter drops the batch axis from graph inputs and outputs)."""
+    for field in ("input", "output"):
+        if [v.name for v in getattr(new, field)] == [v.name for v in getattr(old, field)]:
+            del getattr(new, field)[:]
+            getattr(new, field).extend(getattr(old, field))
+    produced = {o for p in new.node for o in p.output} | {v.name for v in new.input}
+    keep = [v for v in old.value_info if v.name in produced]
+    del new.value_info[:]
+    new.value_info.extend(keep)
+
+
+def _upgrade(proto: onnx.ModelProto, label: str, opset: int, input_shapes: dict[str, tuple[int, ...]] | None,
+             pending: dict[str, int], scan8: dict[str, list[int]]) -> onnx.ModelProto:
     """A model below NATIVE_OPSET, validated as given (so what ONNX Runtime refuses at its own
     opset is refused) and converted to NATIVE_OPSET; operator versions whose conversion is not
-    known to be exact are refused by node name first."""
+    known to be exact are refused by node name first. Fills `pending` for `_settle_resize10` and
+    `scan8` with the batched Scan-8 nodes (which `_unroll_scan` unrolls per batch element).
+
+    The converter renames values freely, so its Resize and Scan nodes are matched to the
+    original Upsample / Resize and Scan nodes by their order (depth first through sub-graphs)."""
     taken: set[str] = set()
     names = []
     for k, p in enumerate(proto.graph.node):
@@ -921,13 +1224,13 @@ def _upgrade(proto: onnx.ModelProto, label: str, opset: int,
         taken.add(n)
         names.append(n)
     _validate(proto, label, input_shapes, names)
-    resize: dict[str, dict] = {}
-    for name, p, g in _walk_nodes(proto.graph, names):
-        if p.domain not in _DEFAULT_DOMAINS:
-            continue
-        fix = _check_old_node(f"{label}: node '{name}' ({p.op_type})", p, g, opset)
-        if fix is not None and p.output and p.output[0]:
-            resize[p.output[0]] = fix
+    resize_where = []  # in the order of _marked_nodes
+    for name, p in _walk_nodes(proto.graph, names):
+        if p.domain in _DEFAULT_DOMAINS:
+            where = f"{label}: node '{name}' ({p.op_type})"
+            _check_old_node(where, p, opset)
+            if p.op_type in ("Upsample", "Resize"):
+                resize_where.append(where)
     from onnx import version_converter
     try:
         new = version_converter.convert_version(proto, NATIVE_OPSET)
@@ -937,18 +1240,35 @@ def _upgrade(proto: onnx.ModelProto, label: str, opset: int,
             f"{label}: converting the model from opset {opset} to {NATIVE_OPSET} failed ({first}); "
             f"re-export it at opset {NATIVE_OPSET} or newer") from None
     _scope_generated_names(new.graph, _all_names(proto.graph))
-
-    def patch(g: onnx.GraphProto) -> None:
-        for p in g.node:
-            fix = resize.get(p.output[0]) if p.op_type == "Resize" and p.output else None
-            if fix is not None:
-                keep = [a for a in p.attribute if a.name not in fix]
-                del p.attribute[:]
-                p.attribute.extend(keep + [helper.make_attribute(k, v) for k, v in fix.items()])
-            for a in p.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    patch(a.g)
-    patch(new.graph)
+    _restore_interface(new.graph, proto.graph)
+    scan_v = _since("Scan", opset)
+    for kinds, target in ((("Upsample", "Resize"), "Resize"), (("Scan",), "Scan")):
+        before = list(_marked_nodes(proto.graph, kinds))
+        after = list(_marked_nodes(new.graph, (target,)))
+        if len(before) != len(after):
+            raise ModelImportError(
+                f"{label}: converting the model from opset {opset} to {NATIVE_OPSET} turned "
+                f"{len(before)} {'/'.join(kinds)} node(s) into {len(after)} {target} node(s); "
+                f"re-export it at opset {NATIVE_OPSET} or newer")
+        for k, (p, q) in enumerate(zip(before, after)):
+            if target == "Scan":
+                if scan_v == 8 and q.output:
+                    scan8[q.output[0]] = [int(v) for a in p.attribute if a.name == "directions" for v in a.ints]
+                    keep = [a for a in q.attribute if a.name in ("body", "num_scan_inputs")]
+                    del q.attribute[:]
+                    q.attribute.extend(keep)
+                continue
+            fix = _resize_from_v10(p)
+            mode = next((helper.get_attribute_value(a) for a in q.attribute if a.name == "mode"), b"nearest")
+            if (mode.decode() if isinstance(mode, bytes) else mode) != fix["mode"]:
+                raise ModelImportError(
+                    f"{resize_where[k]}: its conversion to opset {NATIVE_OPSET} could not "
+                    f"be matched; re-export the model at opset {NATIVE_OPSET} or newer")
+            keep = [a for a in q.attribute if a.name not in fix]
+            del q.attribute[:]
+            q.attribute.extend(keep + [helper.make_attribute(k, v) for k, v in fix.items()])
+            if p.op_type == "Resize" and fix["mode"] == "nearest" and q.output:
+                pending[q.output[0]] = _since("Resize", opset) or 10
     return new
 
 
@@ -986,28 +1306,36 @@ def _import(model, input_shapes, allow_unsupported, name) -> Graph:
             proto = inliner.inline_local_functions(proto)
         except Exception as e:
             raise ModelImportError(f"{label}: cannot inline local functions: {e}") from None
+    resize10: dict[str, int] = {}
+    scan8: dict[str, list[int]] = {}
     if opset < NATIVE_OPSET:
-        proto = _upgrade(proto, label, opset, input_shapes)
+        proto = _upgrade(proto, label, opset, input_shapes, resize10, scan8)
         opset = NATIVE_OPSET
     st = _parse(proto, label, opset)
+    st.scan8 = scan8
     _check_domains(st, allow_unsupported)
     _resolve_inputs(st, proto, input_shapes)
     _toposort(st)
     early = [(n.name, n.op) for n in st.nodes if not _runnable(st, n)]
     if early and not allow_unsupported:
         raise UnsupportedOperatorError(early, label)  # listed all at once, before the checker
-    if not early:  # (`inspect` keeps unknown ops, which the checker would refuse)
+    # (`inspect` keeps unknown ops, which the checker would refuse; a converted Scan-8 keeps its
+    # batch axis until it is unrolled, which opset 11's Scan does not allow: the model was
+    # validated at its own opset)
+    if not early and not scan8:
         _validate(proto, label, input_shapes, st.proto_names)
 
     strict_err = None
     for _ in range(12):
         changed = _inline_constant_ifs(st)
+        changed |= _unroll_constant_loops(st)
         if changed:
             _toposort(st)
         strict_err = _infer(st)
         changed |= _fold(st)
         if not changed:
             break
+    _settle_resize10(st, resize10)
     # subgraph ops that did not fold away cannot be represented
     sub = [(n.name, n.op) for n in st.nodes
            if any(isinstance(v, onnx.GraphProto) for v in n.attrs.values())]

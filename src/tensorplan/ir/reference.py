@@ -776,16 +776,17 @@ def _scatter_el(node, x):
     out = v.copy()
     idx = np.where(idx < 0, idx + v.shape[axis], idx)
     red = _a(node, "reduction", "none")
+    # full index tuples: idx along `axis`, the element's own position elsewhere (indices may be
+    # smaller than the data on the other axes too, which put_along_axis does not allow)
+    grids = list(np.indices(idx.shape, sparse=False))
+    grids[axis] = idx
     if red == "none":
-        np.put_along_axis(out, idx, upd, axis=axis)
+        out[tuple(grids)] = upd
         return [out]
     ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(red)
     if ufunc is None:
         raise TensorplanError(f"node '{node.name}' (ScatterElements): reduction '{red}' is not supported")
-    # full index tuples: idx along `axis`, the element's own position elsewhere (duplicates accumulate)
-    grids = list(np.indices(idx.shape, sparse=False))
-    grids[axis] = idx
-    ufunc.at(out, tuple(grids), upd)
+    ufunc.at(out, tuple(grids), upd)  # duplicates accumulate
     return [out]
 
 

@@ -33,18 +33,35 @@ def draw_seed(key: str, i: int) -> int:
 
 class DesignSpace:
     """A kernel's meta_schedule design spaces and postprocessors for one target (built once per
-    kernel; drawing a sample from it costs ~1-10 ms). `mod` holds one PrimFunc named 'main'."""
+    kernel; drawing a sample from it costs ~1-10 ms). `mod` holds one PrimFunc named 'main'.
 
-    def __init__(self, mod: Any, target: Any, key: str):
+    `without_tiling_fallback`: when the default rules cannot build a space (meta_schedule's
+    MultiLevelTiling fails with a reverse-compute-at error on kernels that fuse several
+    reductions, e.g. softmax + mean), build it again without that rule, which memory-bound
+    kernels do not need. Off for the dataset, whose spaces stay what they were."""
+
+    def __init__(self, mod: Any, target: Any, key: str, without_tiling_fallback: bool = False):
         from tvm.s_tir import meta_schedule as ms
 
         from tensorplan.kernels.tvm_intrin import load_tensor_intrinsics
         load_tensor_intrinsics()
         self.mod = mod
         self.key = key
-        self.ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
-                                  search_strategy="replay-trace", num_threads=1)
-        self.spaces = list(self.ctx.generate_design_space())
+        self.rules = "default"
+        try:
+            self.ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
+                                      search_strategy="replay-trace", num_threads=1)
+            self.spaces = list(self.ctx.generate_design_space())
+        except Exception:  # noqa: BLE001 - retried without multi-level tiling, else raised
+            if not without_tiling_fallback:
+                raise
+            kind = str(target.kind.name)
+            rules = [r for r in ms.ScheduleRule.create(kind) if type(r).__name__ != "MultiLevelTiling"]
+            gen = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=kind, mutator_probs=kind)
+            self.ctx = ms.TuneContext(mod=mod, target=target, space_generator=gen,
+                                      search_strategy="replay-trace", num_threads=1)
+            self.spaces = list(self.ctx.generate_design_space())
+            self.rules = "no-multi-level-tiling"
         self.postprocs = list(self.ctx.space_generator.postprocs)
 
     def draw(self, i: int):
@@ -107,7 +124,8 @@ def sample_schedules(lowered: Lowered, n: int, threads: int | None = None, seed:
 def design_space(lowered: Lowered, threads: int | None = None, seed: int = 0) -> DesignSpace:
     """The design space of a kernel lowered with `use_let=False`, for this CPU at `threads`."""
     import tvm
-    return DesignSpace(tvm.IRModule({"main": lowered.func}), make_target(None, threads), key=f"sampled:{seed}")
+    return DesignSpace(tvm.IRModule({"main": lowered.func}), make_target(None, threads), key=f"sampled:{seed}",
+                       without_tiling_fallback=True)
 
 
 __all__ = ["SampledSchedule", "DesignSpace", "sample_schedules", "design_space", "draw_seed"]

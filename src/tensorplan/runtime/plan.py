@@ -523,6 +523,13 @@ def _check_schedule(sched: dict[str, Any], where: str, kind: str) -> None:
             raise f._bad("device", "'cpu' or 'cuda'", dev)
     if kind == "region" or "operators" in sched:
         f.names("operators", nonempty=True)
+    if sched.get("name") == "sampled" or "trace" in sched:
+        # a sampled TVM schedule: its meta_schedule trace, replayed when the kernel is rebuilt
+        trace = sched.get("trace")
+        if sched.get("name") != "sampled":
+            raise f._bad("name", "'sampled' (only a sampled schedule carries a trace)", sched.get("name"))
+        if not isinstance(trace, list) or not trace or not all(isinstance(x, (list, dict)) for x in trace):
+            raise f._bad("trace", "a non-empty list (a meta_schedule trace as JSON, from TunedCost)", trace)
 
 
 def _check_buffer(b: Any, j: int) -> None:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from tensorplan.devices import DeviceSpec, usable_cores
+from tensorplan.errors import TensorplanError
 from tensorplan.ir.graph import Graph
 from tensorplan.workflows.peers import (TORCH_COMPILE, PeerTimings, ort_cpu_session, ort_run, peer_runners,
                                         runners_of, time_interleaved)
@@ -142,21 +143,23 @@ def ort_per_op_profile(model: str | bytes, feeds: dict[str, np.ndarray], threads
 
 def run_demo(model: str | Graph = "candy", threads: int | None = None, opset: int = 17, orchestrate: bool = True,
              progress: bool = False, log=None, vs_torch_compile: bool = True,
-             save_plan: str | None = None) -> DemoReport:
+             save_plan: str | None = None, rounds: int = 15) -> DemoReport:
     """Load `model` once (a `Graph`, zoo name, ONNX path or PyTorch factory), run it in ONNX Runtime
     and in the reference executor, compare, and profile per operator; then (`orchestrate`) plan its
     kernels with measured costs (`tensorplan.orchestrate`, race included), run the plan, check it
     against ONNX Runtime and time it interleaved against every peer on the original model
     (`workflows.peers`: ONNX Runtime, OpenVINO fp32 and its default precision, `torch.compile` of
     the model's PyTorch module where one exists; `vs_torch_compile=False` leaves it out), on the same
-    inputs. Every runtime gets `threads` threads (default every usable core).
-    `save_plan` writes the plan JSON there (for `tensorplan run` / `tensorplan export`)."""
+    inputs, `rounds` interleaved rounds. Every runtime gets `threads` threads (default every usable
+    core). `save_plan` writes the plan JSON there (for `tensorplan run` / `tensorplan export`)."""
     from tensorplan import devices
     from tensorplan.ir.analysis import graph_flops
     from tensorplan.ir.reference import default_tolerance, random_feeds, rel_error, run_reference
     from tensorplan.measure.timer import measure, pinned_threads
     from tensorplan.zoo.specs import as_graph, onnx_bytes
 
+    if rounds < 1:
+        raise TensorplanError(f"run_demo: rounds must be >= 1, got {rounds}")
     threads = int(threads or usable_cores())
     device = devices.local_cpu(None if threads == usable_cores() else threads)
     t0 = time.perf_counter()
@@ -177,7 +180,8 @@ def run_demo(model: str | Graph = "candy", threads: int | None = None, opset: in
     plan_summary = None
     if orchestrate:
         plan_summary = _orchestrate_and_race(graph, device, threads, sess, feeds=feeds, progress=progress, log=log,
-                                             vs_torch_compile=vs_torch_compile, opset=opset, save_plan=save_plan)
+                                             vs_torch_compile=vs_torch_compile, opset=opset, save_plan=save_plan,
+                                             rounds=rounds)
     return DemoReport(
         model=graph.source or graph.name, nodes=len(graph.nodes), params=graph.num_parameters(),
         gflops=graph_flops(graph) / 1e9, import_s=import_s, device=device,

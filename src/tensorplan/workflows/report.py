@@ -60,7 +60,8 @@ def peers_chart(timings: "PeerTimings", plan_name: str | None = "tensorplan") ->
     The bf16 figure is labelled as such (hatched); a noisy run says so in the title."""
     plt = _plt()
     ts = sorted(timings.runners.values(), key=lambda t: -t.median_ms)
-    names = [t.label + (f" [{t.precision}]" if t.precision and t.precision != "fp32" else "") for t in ts]
+    names = [t.label + (f" [{t.precision}]" if t.precision not in (None, "fp32") and t.precision not in t.label
+                        else "") for t in ts]
     data = [t.rounds_ms for t in ts]
     clip = _clip_ms(data)
     meds = [t.median_ms for t in ts]
@@ -82,10 +83,14 @@ def peers_chart(timings: "PeerTimings", plan_name: str | None = "tensorplan") ->
             ax.scatter([clip], [i], marker=">", s=40, color="#c00", zorder=4)
             ax.text(clip, i + 0.3, f"{out} round{'s' * (out > 1)} > {clip:.3g} ms", ha="right", fontsize=7,
                     color="#c00")
-        ax.text(t.median_ms, i - 0.38, f"{t.median_ms:.3g} ms", ha="center", fontsize=7)
+        ax.text(t.median_ms, i - 0.38, f"{t.median_ms:.4g} ms", ha="center", fontsize=7)
     if log:
+        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
         ax.set_xscale("log")
         ax.set_xlim(min(min(v) for v in data) * 0.8, clip)
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
     else:
         ax.set_xlim(0, clip)
     ax.set_xlabel("ms per inference (one point per interleaved round" + ("; log scale" if log else "") + ")")
