@@ -50,6 +50,25 @@ def model_bytes() -> bytes:
         return p.read_bytes()
 
 
+class OldSmall(torch.nn.Module):
+    """At opset 9: Upsample, Pad-2, Slice-1, Clip-6, TopK-1 (forms import converts to opset 11)."""
+
+    def forward(self, x):
+        y = torch.nn.functional.interpolate(torch.relu(x), scale_factor=2, mode="bilinear")
+        y = torch.clamp(torch.nn.functional.pad(y, (1, 1, 0, 0))[:, :, :, 1:-1], 0, 3)
+        return torch.topk(y.reshape(y.shape[0], -1), 3)[0]
+
+
+@functools.lru_cache(maxsize=1)
+def old_opset_bytes() -> bytes:
+    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = Path(d) / "old.onnx"
+        torch.onnx.export(OldSmall().eval(), (torch.randn(1, 2, 4, 4),), str(p), opset_version=9,
+                          dynamo=False, input_names=["x"], output_names=["y"], do_constant_folding=False)
+        return p.read_bytes()
+
+
 @functools.lru_cache(maxsize=None)
 def zoo_bytes(name: str) -> bytes:
     return zoo.export(name, 17).read_bytes()
@@ -229,6 +248,24 @@ def test_mutated_zoo_models_error_cleanly_or_agree_with_onnxruntime(model, edits
     for kind, a, b in edits:
         _mutate(m, kind, a, b)
     _check(m.SerializeToString())
+
+
+@settings(max_examples=80, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(edits=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 10**6), st.integers(0, 10**6)),
+                      min_size=1, max_size=3))
+def test_mutated_old_opset_model_errors_cleanly_or_agrees_with_onnxruntime(edits):
+    """The opset-9 path (validated at opset 9, converted to 11) under the same mutations."""
+    m = onnx.ModelProto()
+    m.ParseFromString(old_opset_bytes())
+    for kind, a, b in edits:
+        _mutate(m, kind, a, b)
+    _check(m.SerializeToString())
+
+
+def test_old_opset_model_imports_and_agrees_unmutated():
+    assert _check(old_opset_bytes()) is None
+    assert import_onnx(_write(old_opset_bytes())).opset == 11
 
 
 def test_zoo_models_import_and_agree_unmutated():

@@ -650,6 +650,9 @@ OLD_FORMS = {
     "upsample7_linear": (7, [_N("Upsample", ["x"], ["y"], mode="linear", scales=[1., 1., 1.5, 2.5])], _X, [vi("y", [2, 3, 6, 12])], []),
     "upsample9_nearest": (9, [_N("Upsample", ["x", "s"], ["y"], mode="nearest")], _X, [vi("y", [2, 3, 13, 8])], [_init("s", np.float32([1, 1, 3.3, 1.7]))]),
     "upsample9_linear": (9, [_N("Upsample", ["x", "s"], ["y"], mode="linear")], _X, [vi("y", [2, 3, 8, 10])], [_init("s", np.float32([1, 1, 2, 2]))]),
+    # scales computed in the graph and the result used inside it: the converter renames the values
+    "upsample9_linear_computed_scales": (9, [_N("Concat", ["one", "two"], ["sc"], axis=0), _N("Upsample", ["x", "sc"], ["u"], mode="linear"), _N("Relu", ["u"], ["y"])], _X, [vi("y", [2, 3, 8, 10])], [_init("one", np.float32([1, 1])), _init("two", np.float32([2, 2]))]),
+    "resize10_nearest_down_computed_scales": (10, [_N("Concat", ["one", "down"], ["sc"], axis=0), _N("Resize", ["x", "sc"], ["u"], mode="nearest"), _N("Neg", ["u"], ["y"])], _X, [vi("y", [2, 3, 2, 4])], [_init("one", np.float32([1, 1])), _init("down", np.float32([0.6, 0.8]))]),
     "resize10_nearest_up": (10, [_N("Resize", ["x", "s"], ["y"], mode="nearest")], _X, [vi("y", [2, 3, 6, 12])], [_init("s", np.float32([1, 1, 1.5, 2.5]))]),
     "resize10_nearest_down": (10, [_N("Resize", ["x", "s"], ["y"], mode="nearest")], _X, [vi("y", [2, 3, 2, 4])], [_init("s", np.float32([1, 1, 0.6, 0.8]))]),
     "resize10_linear_down": (10, [_N("Resize", ["x", "s"], ["y"], mode="linear")], _X, [vi("y", [2, 3, 2, 4])], [_init("s", np.float32([1, 1, 0.6, 0.8]))]),
@@ -758,6 +761,13 @@ def test_model_with_only_ai_onnx_ml_operators_runs_in_onnxruntime():
     assert np.array_equal(run_reference(import_onnx(m), {"x": x})["y"], (x > 0.25).astype(np.float32))
 
 
+def test_default_domain_nodes_need_a_default_opset():
+    g = helper.make_graph([_N("Relu", ["x"], ["y"])], "m", [vi("x", [2])], [vi("y", [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)])
+    with pytest.raises(ModelImportError, match="declares no default-domain opset"):
+        import_onnx(m)
+
+
 # ---------------------------------------------------------------- control flow known at import
 def _loop_model(opset, trips, cond_out):
     body_nodes = [_N("Cast", ["i"], ["fi"], to=TensorProto.FLOAT), _N("Mul", ["acc_in", "w"], ["m"]),
@@ -814,8 +824,9 @@ def test_scan_is_unrolled_over_its_static_length():
 
 
 class OldOpsetNet(torch.nn.Module):
-    """Exported at opset 9 / 10 it holds Upsample / Resize-10, Pad-2, Slice-1/10, Clip-6, TopK-1/10,
-    BatchNormalization-9 and Gemm: the forms import converts."""
+    """Exported at opset 9 / 10 it holds Upsample / Resize-10 (nearest and linear, scales computed in
+    the graph), Pad-2, Slice-1/10, Clip-6, TopK-1/10, BatchNormalization-9 and Gemm: the forms
+    import converts."""
 
     def __init__(self):
         super().__init__()
@@ -825,7 +836,8 @@ class OldOpsetNet(torch.nn.Module):
 
     def forward(self, x):
         y = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
-        y = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+        y = (torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+             + torch.nn.functional.interpolate(y, scale_factor=2, mode="bilinear"))
         y = torch.clamp(torch.nn.functional.pad(y, (1, 1, 0, 0))[:, :, :, 1:-1], 0, 3)
         y = y.view(y.shape[0], -1)
         return torch.softmax(self.fc(y), -1), torch.topk(y, 3)[0]

@@ -6,15 +6,19 @@ consecutive kernels run on different backends or thread pools (waking another po
 its input into NCHWc and back), and a constant per run; and less where a producer's output is still
 in cache. This model writes a plan's measured time as
 
-    T = c0 + a * sum(solo_s) + sum_k d[backend_k] + sum_{k: backend changes before k} (h + g * in_bytes_k)
+    T = c0 + sum_k a[backend_k] * solo_s_k + sum_k d[backend_k]
+           + sum_{k: backend changes before k} (h + g * in_bytes_k)
 
-with every term >= 0 except that `a` may fall below 1 (hot caches), fitted by non-negative least
-squares on relative error, ridge-shrunk to today's objective (a = 1, the rest 0), from plans measured
-end to end (`record_plan_run`, program kind `plan_run` in the store).
+with every term >= 0 and every scale `a[b]` >= `SCALE_FLOOR` (below 1: hot caches), fitted by
+non-negative least squares on relative error (Huber-weighted), ridge-shrunk to today's objective
+(every a = 1, the rest 0), from plans measured end to end (`record_plan_run`, program kind
+`plan_run` in the store). The scale is per backend class because a pool that other threads
+contend for slows in proportion to its work (measured: OpenVINO and ONNX Runtime regions ran 3-9x
+their solo time inside plans on the loaded 2-core machine), while dispatch is a fixed cost per call.
 
 The BLP's objective is one number per candidate, so `overhead(prim, cand, backend, schedule)` spreads
 the terms over the candidate: its backend's dispatch, plus the hand-off cost weighted by how often a
-kernel of that backend followed another backend in the measured plans, plus `(a - 1) * solo_s`.
+kernel of that backend followed another backend in the measured plans, plus `(a[b] - 1) * solo_s`.
 `predict(plan)` uses the plan's actual order instead.
 
 Layering: this module reads `Plan` objects (runtime/, a higher layer) by their fields only; it
@@ -36,11 +40,15 @@ if TYPE_CHECKING:
 
 PROGRAM_KIND = "plan_run"
 MODEL_KIND = "plan_time_model"
-VERSION = 1
+RUN_VERSION = 1    # the `plan_run` payload's format
+MODEL_VERSION = 2  # the saved model's terms (2: a scale per backend class)
 
 #: Backend classes with their own dispatch term: what the executor calls differs for each
 #: (TVM packed function, ORT session with its own pool, a one-thread session, OpenVINO request...).
 BACKENDS = ("tvm", "tvm-serial", "ort", "ort-1t", "openvino", "torch", "reference")
+#: the least a backend's in-plan scale may be: a producer's output still in cache can make a kernel
+#: faster than timed alone, but not by half
+SCALE_FLOOR = 0.5
 
 
 def backend_class(backend: str, schedule: dict[str, Any] | None) -> str:
@@ -86,7 +94,7 @@ class PlanRun:
         return float(sum(k.solo_s for k in self.kernels))
 
     def to_payload(self, fingerprint: str) -> dict[str, Any]:
-        return {"version": VERSION, "model": self.model, "label": self.label, "fingerprint": fingerprint,
+        return {"version": RUN_VERSION, "model": self.model, "label": self.label, "fingerprint": fingerprint,
                 "threads": self.threads, "kernels": [asdict(k) for k in self.kernels]}
 
 
@@ -143,7 +151,7 @@ def load_runs(store: Any, device: Any = None) -> list[PlanRun]:
     out = []
     for rec in st.measurements(kind=PROGRAM_KIND, device=dev):
         pl = rec["payload"]
-        if int(pl.get("version", -1)) != VERSION:
+        if int(pl.get("version", -1)) != RUN_VERSION:
             continue
         ks = [KernelRun(**{f: k[f] for f in ("kind", "backend", "solo_s", "in_bytes", "out_bytes")})
               for k in pl["kernels"]]
@@ -154,12 +162,13 @@ def load_runs(store: Any, device: Any = None) -> list[PlanRun]:
 
 @dataclass
 class PlanTimeModel:
-    """Plan time = plan constant + scaled solo sum + per-kernel dispatch + hand-offs (module docstring).
+    """Plan time = plan constant + per-backend scaled solo sums + per-kernel dispatch + hand-offs
+    (module docstring).
 
     Defaults are today's objective (the plain sum of solo costs); `fit` learns the terms."""
 
     constant_s: float = 0.0
-    scale: float = 1.0
+    scale: dict[str, float] = field(default_factory=lambda: {b: 1.0 for b in BACKENDS})
     dispatch_s: dict[str, float] = field(default_factory=lambda: {b: 0.0 for b in BACKENDS})
     handoff_s: float = 0.0
     handoff_s_per_byte: float = 0.0
@@ -168,7 +177,7 @@ class PlanTimeModel:
     models: list[str] = field(default_factory=list)
 
     # -- fitting --------------------------------------------------------------------------
-    def fit(self, records: Iterable[PlanRun], ridge: float = 0.05, huber: float = 0.15) -> "PlanTimeModel":
+    def fit(self, records: Iterable[PlanRun], ridge: float = 2.0, huber: float = 0.15) -> "PlanTimeModel":
         """Fit the terms on measured plans (non-negative least squares on relative error, each term
         pulled toward today's objective by `ridge`; plans off by more than `huber` (relative) weigh
         less). Returns self."""
@@ -179,24 +188,26 @@ class PlanTimeModel:
                                   "(orchestrate with race=True times its finalists)")
         X = np.stack([_design(r) for r in runs])
         y = np.array([r.measured_s for r in runs])
-        A, b = X / y[:, None], np.ones(len(runs))   # relative error: every plan counts alike
-        # scale = u - v with u, v >= 0 (hot caches may make a < 1); every other term is >= 0
-        A2 = np.hstack([A, -A[:, [_SCALE]]])
+        A = X / y[:, None]                            # relative error: every plan counts alike
+        # scale_b = SCALE_FLOOR + u_b, u_b >= 0 (hot caches may make it < 1, never below the floor);
+        # every other term is >= 0
+        sc = list(range(_SCALE, _SCALE + len(BACKENDS)))
+        b = 1.0 - SCALE_FLOOR * A[:, sc].sum(axis=1)
         # the ridge acts on each term's typical share of a plan's time, pulling toward a = 1, rest 0
-        share = np.abs(A2).mean(axis=0)
+        share = np.abs(A).mean(axis=0)
         share[share == 0] = 1.0
         reg = math.sqrt(ridge) * np.diag(share)
-        target = np.zeros(A2.shape[1])
-        target[_SCALE] = math.sqrt(ridge) * share[_SCALE]
+        target = np.zeros(A.shape[1])
+        target[sc] = math.sqrt(ridge) * share[sc] * (1.0 - SCALE_FLOOR)
         w = np.ones(len(runs))
         for _ in range(4):      # Huber reweighting: a plan timed in another job's burst counts less
-            coef, _ = nnls(np.vstack([A2 * w[:, None], reg]), np.concatenate([b * w, target]), maxiter=5000)
-            res = np.abs(A2 @ coef - b)
+            coef, _ = nnls(np.vstack([A * w[:, None], reg]), np.concatenate([b * w, target]), maxiter=5000)
+            res = np.abs(A @ coef - b)
             w = np.sqrt(np.where(res <= huber, 1.0, huber / np.maximum(res, 1e-12)))
-        theta = coef[:X.shape[1]].copy()
-        theta[_SCALE] -= coef[-1]
+        theta = coef.copy()
+        theta[sc] += SCALE_FLOOR
         self.constant_s = float(theta[_CONST])
-        self.scale = float(theta[_SCALE])
+        self.scale = {bk: float(theta[_SCALE + j]) for j, bk in enumerate(BACKENDS)}
         self.dispatch_s = {bk: float(theta[_DISP + j]) for j, bk in enumerate(BACKENDS)}
         self.handoff_s = float(theta[_HAND])
         self.handoff_s_per_byte = float(theta[_HBYTES])
@@ -218,14 +229,14 @@ class PlanTimeModel:
                  solo_s: float = 0.0) -> float:
         """Seconds to add to `cand`'s solo cost in the BLP objective: its backend's dispatch, the expected
         hand-off (how often that backend followed another one in the measured plans, times the hand-off
-        cost of the candidate's input bytes) and `(scale - 1) * solo_s`. May be negative only through
-        the scale term, never below `-solo_s` (the total stays > 0)."""
+        cost of the candidate's input bytes) and `(scale[backend] - 1) * solo_s`. Negative only through
+        the scale term, and never below `-solo_s / 2` (the objective stays > 0)."""
         cls = backend_class(backend, schedule)
         consts = prim.constants()
         ib = sum(prim.tensors[i].nbytes for i in cand.inputs if i not in consts)
         p = self.change_rate.get(cls, 0.5)
         extra = self.dispatch_s.get(cls, 0.0) + p * (self.handoff_s + self.handoff_s_per_byte * ib)
-        return float(extra + max(self.scale - 1.0, -0.5) * float(solo_s))
+        return float(extra + max(self.scale.get(cls, 1.0) - 1.0, -0.5) * float(solo_s))
 
     def overheads(self, prim: Graph, cands: list["Candidate"], costs: Any, info: Any = None) -> np.ndarray:
         """`overhead` for every candidate, as the array the BLP adds to `costs` (orchestrate's
@@ -243,7 +254,8 @@ class PlanTimeModel:
     def _theta(self) -> np.ndarray:
         th = np.zeros(_NCOL)
         th[_CONST] = self.constant_s
-        th[_SCALE] = self.scale
+        for j, bk in enumerate(BACKENDS):
+            th[_SCALE + j] = self.scale.get(bk, 1.0)
         for j, bk in enumerate(BACKENDS):
             th[_DISP + j] = self.dispatch_s.get(bk, 0.0)
         th[_HAND] = self.handoff_s
@@ -252,27 +264,28 @@ class PlanTimeModel:
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"version": VERSION, **asdict(self)}
+        return {"version": MODEL_VERSION, **asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PlanTimeModel":
-        if int(d.get("version", -1)) != VERSION:
+        if int(d.get("version", -1)) != MODEL_VERSION:
             raise TensorplanError(f"PlanTimeModel: saved model has version {d.get('version')!r}, this code reads "
-                                  f"{VERSION}; refit it with PlanTimeModel.load(store, device, refit=True)")
-        return cls(constant_s=float(d["constant_s"]), scale=float(d["scale"]),
+                                  f"{MODEL_VERSION}; refit it with PlanTimeModel.load(store, device, refit=True)")
+        return cls(constant_s=float(d["constant_s"]), scale={str(k): float(v) for k, v in d["scale"].items()},
                    dispatch_s={str(k): float(v) for k, v in d["dispatch_s"].items()},
                    handoff_s=float(d["handoff_s"]), handoff_s_per_byte=float(d["handoff_s_per_byte"]),
                    change_rate={str(k): float(v) for k, v in d.get("change_rate", {}).items()},
                    fitted_on=int(d.get("fitted_on", 0)), models=list(d.get("models", [])))
 
     def save(self, store: Any, device: Any) -> str:
-        """Keep the fitted terms in the store (one row per device, replaced on every save)."""
+        """Keep the fitted terms in the store (one row per device, replaced on every save; the row's seconds
+        are the plan constant, the terms are in its `extra`)."""
         from tensorplan.measure.store import Store
         from tensorplan.measure.timer import Timing
         st = store if isinstance(store, Store) else Store(store)
         spec = _spec(device)
         dk = st.put_device(spec)
-        pk = st.put_program(MODEL_KIND, {"version": VERSION, "device": dk})
+        pk = st.put_program(MODEL_KIND, {"version": MODEL_VERSION, "device": dk})
         st.put_measurement(pk, dk, Timing.from_repeats([max(self.constant_s, 1e-12)], method=MODEL_KIND), "",
                            {"model": self.to_dict()})
         return pk
@@ -286,27 +299,29 @@ class PlanTimeModel:
         spec = _spec(device)
         dk = st.put_device(spec)
         if not refit:
-            rec = st.get_measurement(st.put_program(MODEL_KIND, {"version": VERSION, "device": dk}), dk)
+            rec = st.get_measurement(st.put_program(MODEL_KIND, {"version": MODEL_VERSION, "device": dk}), dk)
             if rec is not None and (rec.get("extra") or {}).get("model"):
                 return cls.from_dict(rec["extra"]["model"])
         runs = load_runs(st, dk)
         return cls().fit(runs) if runs else cls()
 
 
-_CONST, _SCALE, _DISP = 0, 1, 2
+_CONST, _SCALE = 0, 1
+_DISP = _SCALE + len(BACKENDS)
 _HAND = _DISP + len(BACKENDS)
 _HBYTES = _HAND + 1
 _NCOL = _HBYTES + 1
 
 
 def _design(r: PlanRun) -> np.ndarray:
-    """[1, solo sum, kernels per backend class..., backend changes, bytes read across changes]."""
+    """[1, solo sum per backend class..., kernels per backend class..., backend changes, bytes read
+    across changes]."""
     x = np.zeros(_NCOL)
     x[_CONST] = 1.0
-    x[_SCALE] = r.solo_sum_s
     prev = None
     for k in r.kernels:
         j = BACKENDS.index(k.backend) if k.backend in BACKENDS else BACKENDS.index("reference")
+        x[_SCALE + j] += k.solo_s
         x[_DISP + j] += 1.0
         if prev is not None and k.backend != prev:
             x[_HAND] += 1.0

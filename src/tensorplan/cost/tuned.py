@@ -136,10 +136,14 @@ def _search_round(prim: Graph, cand: Any, start: int, n_draws: int, threads: int
     from tensorplan.cdmpp.features import featurize_many
     from tensorplan.kernels.lower import lower
     from tensorplan.kernels.sampled import design_space
-    from tensorplan.kernels.schedule import default_schedule
+    from tensorplan.kernels.schedule import default_schedule, trace_json
     out: dict[str, Any] = {"default": None, "samples": [], "sample_s": 0.0, "featurize_s": 0.0, "error": None,
                            "valid": 0, "hashes": []}
-    sub = cand.graph(prim)
+    try:
+        sub = cand.graph(prim)
+    except Exception as e:  # noqa: BLE001 - no sub-graph, no kernel: the fallback costs it
+        out["error"] = f"graph: {type(e).__name__}: {str(e)[:200]}"
+        return out
     t0 = time.perf_counter()
     mods, rows = [], []
     if with_default:
@@ -152,7 +156,6 @@ def _search_round(prim: Graph, cand: Any, start: int, n_draws: int, threads: int
     try:
         low = lower(sub, list(cand.outputs), use_let=False)
         space = design_space(low, threads)
-        from tensorplan.kernels.schedule import trace_json
         for i in range(start, start + n_draws):
             r = space.draw(i)
             if r is None:
@@ -232,6 +235,7 @@ class TunedCost:
         self.adaptive = bool(adaptive)
         self._pred: dict[str, TunedPrediction] = {}
         self._fallback_hashes: set[str] = set()
+        self._fb: dict[str, float] = {}          # canonical hash -> the fallback's cost
         self.stats = {"candidates": 0, "tuned": 0, "fallback": 0, "cache_hits": 0, "draws": 0,
                       "schedules_sampled": 0, "distinct_programs": 0, "schedules_featurised": 0, "rounds": 0, "sample_s": 0.0,
                       "featurise_s": 0.0, "predict_s": 0.0, "wall_s": 0.0, "top_handed_out": 0}
@@ -269,6 +273,10 @@ class TunedCost:
         for c in others:
             self._fallback_hashes.add(c.canonical_hash)
         self.stats["fallback"] += len(others)
+        batched = getattr(self.fallback, "cost_many", None)
+        todo = [c for h, c in first.items() if h in self._fallback_hashes and h not in self._fb]
+        if todo and callable(batched):        # one batch (a measured fallback compiles in one go)
+            self._fb.update((c.canonical_hash, float(v)) for c, v in zip(todo, batched(prim, todo, progress=progress)))
         self.stats["wall_s"] += time.perf_counter() - t_start
         return [self._value(prim, c) for c in cands]
 
@@ -276,8 +284,12 @@ class TunedCost:
         p = self._pred.get(c.canonical_hash)
         if p is not None:
             return p.best_s
+        if c.canonical_hash in self._fb:
+            return self._fb[c.canonical_hash]
         if self.fallback is not None:
-            return float(self.fallback.cost(prim, c))
+            v = float(self.fallback.cost(prim, c))
+            self._fb[c.canonical_hash] = v
+            return v
         if len(c.nodes) == 1:
             raise TensorplanError(f"tuned cost: primitive {c.nodes[0]} ({c.kind}) has no TIR kernel to predict; "
                                   "pass fallback=AnalyticalCost(...) or MeasuredCost(...)")

@@ -9,8 +9,9 @@ refused by name) -> check the opset, domains and each node's operator version
 does not honour, is an error naming the node, op and version) -> inline local functions ->
 validate as strictly as ONNX Runtime: onnx's checker (op schemas, attribute types, arity) and
 strict type and shape inference with data propagation on the model as given, so declared output
-and value_info shapes that contradict the computed ones are errors -> inline constant-condition
-`If`s -> repeat {onnx shape inference (strict, data_prop) on a weight-free skeleton; fold every
+and value_info shapes that contradict the computed ones are errors -> repeat {inline
+constant-condition `If`s, unroll `Loop`s whose iteration count is known and `Scan`s over inputs
+of static length; onnx shape inference (strict, data_prop) on a weight-free skeleton; fold every
 node whose inputs are constant, and `Shape`/`Size` of static tensors} until nothing changes ->
 shapes left unknown are found by running the reference executor on zeros -> every tensor has a
 static shape -> the shape rules onnx's inference skips but ONNX Runtime enforces when it runs
@@ -1121,13 +1122,13 @@ def _settle_resize10(st: _State, pending: dict[str, int]) -> None:
         if scales is None:
             raise ModelImportError(
                 f"{where}: Resize version {since} in nearest mode with scales computed at run time "
-                "rounds differently when it downsamples; re-export the model at opset 11 or newer")
+                f"rounds differently when it downsamples; re-export the model at opset {NATIVE_OPSET} or newer")
         sc = np.asarray(scales, np.float32).reshape(-1)
         if (sc > 1).any() and (sc < 1).any():
             raise ModelImportError(
                 f"{where}: Resize version {since} in nearest mode upsamples some axes and "
-                f"downsamples others (scales {sc.tolist()}), which opset 11 cannot express; "
-                "re-export the model at opset 11 or newer")
+                f"downsamples others (scales {sc.tolist()}), which opset {NATIVE_OPSET} cannot "
+                f"express; re-export the model at opset {NATIVE_OPSET} or newer")
         if (sc < 1).any():
             n.attrs["nearest_mode"] = "ceil"
 
