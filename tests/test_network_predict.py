@@ -170,23 +170,26 @@ def test_tuned_prediction_ranks_each_kernels_schedules_and_times_the_picks(tmp_p
         predict("tiny-mlp", tuned=-1)
 
 
-def test_cli_predicts_tuned_by_default_and_untuned_on_request(tmp_path):
+def test_cli_predicts_tuned_by_default_and_untuned_on_request():
     """`tensorplan predict MODEL`: the tuned total (DEFAULT_TUNED schedules per kernel) is the headline
     and the table says so with the untuned total beside it; `--untuned` predicts the default schedules;
     `--untuned` with `--tuned N` is one usage error."""
-    env = {**os.environ, "TENSORPLAN_CACHE": str(tmp_path / "cache"), "COLUMNS": "250"}
-    r = subprocess.run([sys.executable, "-m", "tensorplan", "predict", "tiny-mlp", "--shipped"], capture_output=True,
-                       text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+
+    r = CliRunner().invoke(app, ["predict", "tiny-mlp", "--shipped"])
+    assert r.exit_code == 0, r.output[-2000:]
     out = " ".join(r.stdout.split())                 # rich wraps the title to the table's width
     assert f"tuned: the predicted-fastest of {DEFAULT_TUNED} schedules per kernel, none timed; untuned" in out
     assert "untuned total (default schedules, --untuned)" in out
-    u = _cli("predict", "tiny-mlp", "--shipped", "--untuned", "--json", env=env)
+    r = CliRunner().invoke(app, ["predict", "tiny-mlp", "--shipped", "--untuned", "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    u = json.loads(r.stdout[r.stdout.index("{"):])
     assert u["tuned"] == 0 and u["total_is"] == DEFAULT and u["total_ms"] == pytest.approx(u["untuned_total_ms"])
     assert all(k["schedule"] == DEFAULT for k in u["kernels"])
-    both = subprocess.run([sys.executable, "-m", "tensorplan", "predict", "tiny-mlp", "--untuned", "--tuned", "4"],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert both.returncode == 2 and "--untuned" in both.stderr and "Traceback" not in both.stderr
+    both = CliRunner().invoke(app, ["predict", "tiny-mlp", "--untuned", "--tuned", "4"])
+    assert both.exit_code == 2 and "--untuned" in both.output and "Traceback" not in both.output
 
 
 def test_measure_only_on_this_machines_domains():

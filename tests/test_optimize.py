@@ -19,7 +19,7 @@ def test_optimize_makes_a_verified_plan_measuring_only_part_and_a_second_run_tim
 
     store = tmp_path / "store.sqlite"
     out = tmp_path / "out"
-    plan = tp.optimize("tiny-attention", budget_s=240, out_dir=out, store=store, peers=True)
+    plan = tp.optimize("tiny-attention", budget_s=240, out_dir=out, store=store, peers=True, samples=8)
     s = OptimizeSummary.from_plan(plan)
     # checked against ONNX Runtime on the model as given
     assert s.max_rel_err is not None and s.max_rel_err <= s.tolerance
@@ -54,7 +54,7 @@ def test_optimize_makes_a_verified_plan_measuring_only_part_and_a_second_run_tim
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    r = CliRunner().invoke(app, ["optimize", "tiny-attention", "--budget", "4m", "--no-peers", "--json"],
+    r = CliRunner().invoke(app, ["optimize", "tiny-attention", "--budget", "4m", "--samples", "8", "--no-peers", "--json"],
                            env={"TENSORPLAN_STORE": str(store)})
     assert r.exit_code == 0, r.output
     s2 = json.loads(r.stdout[r.stdout.index("{"):])

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tensorplan.errors import TensorplanError
+from tensorplan.kernels.schedule import trace_json  # noqa: F401 - re-exported (dataset, gpu_dataset)
 
 #: Default networks for the dataset (zoo names); small/medium inputs so that 2 cores cope.
 DEFAULT_NETWORKS = ("resnet-50", "mobilenet-v2", "vgg-16", "bert-base", "vit-b16", "segformer-b0",
@@ -236,27 +237,8 @@ def io_vector(sizes: list[int]) -> list[float]:
     return vec + [0.0] * (TASK_IO_DIM - len(vec))
 
 
-# A schedule of a task, stored as its trace (the dataset and the compile workers replay it)
-
-def _plain(o: Any) -> Any:
-    """TVM ffi containers / IntImm -> plain JSON values (trace JSON for storage)."""
-    if o is None or isinstance(o, (bool, int, float)):
-        return o
-    if isinstance(o, str):
-        return str(o)
-    if isinstance(o, dict) or hasattr(o, "items"):
-        return {str(k): _plain(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)) or hasattr(o, "__len__") and hasattr(o, "__getitem__") and not hasattr(o, "value"):
-        return [_plain(x) for x in o]
-    if hasattr(o, "value"):
-        return o.value
-    return str(o)
-
-
-def trace_json(sch) -> list:
-    """The schedule's trace (with postprocessor steps) as plain JSON; replay with `replay_trace`."""
-    return _plain(sch.trace.as_json())
-
+# A schedule of a task, stored as its trace (the dataset and the compile workers replay it);
+# `trace_json` is the planner's (kernels/schedule.py), re-exported for the dataset's callers
 
 def replay_trace(mod, trace: list | str):
     """Rebuild the scheduled IRModule from a task's `mod` and a stored trace (JSON list or string)."""

@@ -84,6 +84,11 @@ def _print(con: Console, plan, s) -> None:
         t.add_row("peers not run", "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     if s.noisy:
         t.add_row("[bold yellow]noisy run[/]", s.noisy)
+    if s.finalists:
+        t.add_row("race", "; ".join(f"{k}: {v['measured_ms']:.3f} ms measured, {v['predicted_ms']:.3f} predicted "
+                                    f"({int(v['kernels'])} kernels)" for k, v in s.finalists.items())
+                  + (f"  (plan model fitted on {s.plan_model_runs} plan runs)" if s.plan_model_runs else
+                     "  (no plan measured before: predicted = kernels' solo sum)"))
     t.add_row("check", f"max relative error {s.max_rel_err:.2e} vs ONNX Runtime on {s.reference}"
               if s.max_rel_err is not None else "not checked")
     t.add_row("measured", f"{s.measured} of {s.unique_kernels} unique kernels ({100 * s.measured_share:.1f}%), "

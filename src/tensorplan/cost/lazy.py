@@ -17,9 +17,9 @@ from tensorplan.ir.graph import Graph
 if TYPE_CHECKING:
     from tensorplan.korch.candidates import Candidate
 
-# seconds to sample and featurise one schedule of a TIR kernel on one core (meta_schedule draw
-# ~8 ms + compact AST ~2 ms, measured on candy's kernels on the 2-core dev VM), to size the sampling
-SAMPLE_S = 0.010
+# seconds to sample and featurise one schedule of a TIR kernel on one core (meta_schedule draw ~8 ms,
+# its trace ~2 ms, compact AST ~5 ms; candy's 4,976 draws took 76 s cold on the loaded 2-core dev VM)
+SAMPLE_S = 0.015
 
 # the backend a kernel runs on when nothing was measured for it (the measured default per kind)
 PREDICTED_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "ort", "region": "ort"}
@@ -90,14 +90,17 @@ class LazyCost:
                                      tvm_schedules=self._schedules)
         self._pred: dict[str, float] = {}       # canonical hash -> predicted seconds
         self._meas: dict[str, float] = {}       # canonical hash -> measured seconds
-        self.stats = {"predicted": 0, "measured": 0, "from_store": 0, "schedules_timed": 0}
+        self.stats = {"predicted": 0, "measured": 0, "from_store": 0}
+
+    @property
+    def store(self):
+        """The measurement store every prediction, timing and plan run of this model lands in."""
+        return self.predicted.store
 
     def _schedules(self, prim: Graph, cand: "Candidate") -> list[dict]:
         if not self.predicted.by_tuned(cand):
             return []
-        got = self.predicted.tuned.top_schedules(prim, cand, self.top_k)
-        self.stats["schedules_timed"] += len(got)
-        return got
+        return self.predicted.tuned.top_schedules(prim, cand, self.top_k)
 
     # -- what the solver sees -------------------------------------------------------------------
     def predict_all(self, prim: Graph, cands: list["Candidate"], progress: bool = False) -> None:
@@ -124,7 +127,8 @@ class LazyCost:
         if self.sample_budget_s is None or n_memory == 0:
             return
         tuned = self.predicted.tuned
-        n = int(self.sample_budget_s * max(1, tuned.workers) / (n_memory * SAMPLE_S))
+        from tensorplan.devices import usable_cores
+        n = int(self.sample_budget_s * max(1, tuned.workers or usable_cores()) / (n_memory * SAMPLE_S))
         tuned.samples = max(self.min_samples, min(self.max_samples, n))
 
     def repredict(self, prim: Graph, cands: list["Candidate"]) -> None:

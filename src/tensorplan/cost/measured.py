@@ -141,6 +141,15 @@ class MeasuredCost:
             info = self._info.get(cand.canonical_hash, {})
         return {"backend": info.get("backend", ""), "schedule": dict(info.get("schedule") or {})}
 
+    def cached(self, prim: Graph, cand: "Candidate") -> float | None:
+        """The candidate's cost as the store already holds it with these settings (math.inf for a kernel
+        that failed to build), or None when it was never timed: what a second run reuses untimed."""
+        hit = None if self.remeasure else self.store.get_measurement(self._prog_key(prim, cand), self.dev_key, self.tag)
+        if hit is None:
+            return None
+        self.stats["cached"] += 1
+        return self._from_record(cand, hit)
+
     def describe(self) -> dict:
         return {"name": self.name, "device": self.spec.name, "threads": self.threads, "budget_s": self.budget_s,
                 "linear_backends": list(self.linear_backends), "region_backends": list(self.region_backends),

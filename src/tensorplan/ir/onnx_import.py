@@ -1196,13 +1196,22 @@ def _marked_nodes(g: onnx.GraphProto, ops: tuple[str, ...]):
                 yield from _marked_nodes(a.g, ops)
 
 
-def _restore_interface(new: onnx.GraphProto, old: onnx.GraphProto) -> None:
+def _restore_interface(new: onnx.GraphProto, old: onnx.GraphProto, label: str) -> None:
     """The model's declared inputs, outputs and value_info as given: they do not change with
     its opset (the Scan 8->9 adapter drops the batch axis from graph inputs and outputs)."""
+    weights = {t.name for t in new.initializer}
     for field in ("input", "output"):
-        if [v.name for v in getattr(new, field)] == [v.name for v in getattr(old, field)]:
+        # (weights passed through the converter as graph inputs are not inputs of the model)
+        given = {v.name for v in getattr(old, field)}
+        names = [v.name for v in getattr(new, field) if v.name in given or v.name not in weights]
+        if names == [v.name for v in getattr(old, field)]:
             del getattr(new, field)[:]
             getattr(new, field).extend(getattr(old, field))
+        else:
+            raise ModelImportError(
+                f"{label}: converting the model to opset {NATIVE_OPSET} changed its graph {field}s "
+                f"({[v.name for v in getattr(old, field)]} became {names}); re-export the model at "
+                f"opset {NATIVE_OPSET} or newer")
     produced = {o for p in new.node for o in p.output} | {v.name for v in new.input}
     keep = [v for v in old.value_info if v.name in produced]
     del new.value_info[:]
@@ -1232,16 +1241,34 @@ def _upgrade(proto: onnx.ModelProto, label: str, opset: int, input_shapes: dict[
             _check_old_node(where, p, opset)
             if p.op_type in ("Upsample", "Resize"):
                 resize_where.append(where)
+    # the converter copies the model: big weights go through it as typed graph inputs (no
+    # adapter reads their values) and are put back afterwards
+    light, big = onnx.ModelProto(), []
+    light.ir_version = proto.ir_version
+    light.opset_import.extend(proto.opset_import)
+    light.graph.name = proto.graph.name
+    declared = {v.name for v in proto.graph.input}
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(light.graph, field).extend(getattr(proto.graph, field))
+    for t in proto.graph.initializer:
+        if int(np.prod(t.dims)) > _SKELETON_DATA_LIMIT:
+            big.append(t)
+            if t.name not in declared:
+                light.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            light.graph.initializer.add().CopyFrom(t)
     from onnx import version_converter
     try:
-        new = version_converter.convert_version(proto, NATIVE_OPSET)
+        new = version_converter.convert_version(light, NATIVE_OPSET)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise ModelImportError(
             f"{label}: converting the model from opset {opset} to {NATIVE_OPSET} failed ({first}); "
             f"re-export it at opset {NATIVE_OPSET} or newer") from None
+    new.graph.initializer.extend(big)
+    new.ir_version = max(new.ir_version, proto.ir_version)
     _scope_generated_names(new.graph, _all_names(proto.graph))
-    _restore_interface(new.graph, proto.graph)
+    _restore_interface(new.graph, proto.graph, label)
     scan_v = _since("Scan", opset)
     for kinds, target in ((("Upsample", "Resize"), "Resize"), (("Scan",), "Scan")):
         before = list(_marked_nodes(proto.graph, kinds))

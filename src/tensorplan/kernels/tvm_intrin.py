@@ -17,7 +17,8 @@ import inspect
 import sys
 
 # pseudo-file -> a module name that is never in sys.modules (getmodule then returns None, as before)
-_PSEUDO_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>", "<string>", "<ast>")
+_PSEUDO_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>", "<frozen runpy>", "<string>",
+                 "<ast>")
 _NO_MODULE = "tensorplan._no_module_for_pseudo_file"
 
 

@@ -67,6 +67,9 @@ class OptimizeSummary:
     phases: dict[str, float] = field(default_factory=dict)
     solo_sum_ms: float = 0.0           # the kept plan's kernels, timed (or predicted) alone, summed
     predicted_plan_ms: float | None = None    # the plan-time model's prediction of the kept plan
+    plan_model_runs: int = 0                  # plans measured end to end it was fitted on
+    # race finalists: {name: {"kernels", "solo_sum_ms", "predicted_ms", "measured_ms"}}
+    finalists: dict[str, dict[str, float]] = field(default_factory=dict)
     measured_plan_ms: float | None = None     # the kept plan run end to end (median)
     max_rel_err: float | None = None   # against ONNX Runtime on the model as given
     tolerance: float | None = None
@@ -170,30 +173,50 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     say(f"predicted {len(uniq)} kernels ({predicted.tuned.samples} schedules sampled per TIR kernel; "
         f"{lazy.stats['from_store']} already measured in the store) ({phases['predict_s']:.1f}s)")
 
+    from tensorplan.cost.plan_time import PlanTimeModel, load_runs
+    plan_model = PlanTimeModel.load(st, spec, refit=True)    # fitted on the plans this store saw run
+    n_runs = len(load_runs(st, spec))
+    if n_runs:
+        say(f"plan-time model fitted on {n_runs} plans measured end to end on this device")
     solve_limit = float(time_limit or max(5.0, min(60.0, 0.05 * budget)))
-    iterations, stop = _measure_what_decides(problem, lazy, deadline=t_start + MEASURE_UNTIL * budget,
+    iterations, stop = _measure_what_decides(problem, lazy, plan_model, deadline=t_start + MEASURE_UNTIL * budget,
                                              time_limit=solve_limit, progress=progress, say=say)
     phases["measure_s"] = sum(it.measure_s for it in iterations)
     phases["solve_s"] = sum(it.solve_s for it in iterations)
 
     problem.costs = np.array(lazy.cost_many(problem.prim, cands), dtype=np.float64)
+    problem.overhead = plan_model.overheads(problem.prim, cands, problem.costs, info=lazy.kernel_info)
     solve = dict(method="blp", recompute=True, cuts=True, time_limit=solve_limit, require_optimal=False,
                  kernel_overhead_s=0.0)
     plan = solve_problem(problem, say=say, **solve)
     if feeds is None:
         feeds = random_feeds(problem.prim, seed=0)
+    finalists: dict[str, dict[str, float]] = {}
+
+    def predicted_vs_measured(plans: dict[str, Plan], result: Any) -> None:
+        for name, fin in plans.items():
+            if name in result.median_s:
+                finalists[name] = {"kernels": len(fin.kernels), "solo_sum_ms": fin.predicted_s * 1e3,
+                                   "predicted_ms": plan_model.predict(fin, problem.prim) * 1e3,
+                                   "measured_ms": result.median_s[name] * 1e3}
+
     if race:
         t0 = time.perf_counter()
-        plan = race_finalists(problem, plan, solve, threads=threads, inductor=True,
-                              rounds=_race_rounds(deadline), margin=0.10, burst_s=0.03, feeds=feeds, say=say)
+        plan = race_finalists(problem, plan, solve, threads=threads, inductor=True, rounds=_race_rounds(deadline),
+                              margin=0.10, burst_s=0.03, feeds=feeds, say=say, on_result=predicted_vs_measured)
         phases["race_s"] = time.perf_counter() - t0
 
     summary = OptimizeSummary(
         model=str(g.source or g.name), device=str(getattr(spec, "name", device)), budget_s=budget,
         samples=int(predicted.tuned.samples), top_k=int(top_k), candidates=len(cands), unique_kernels=len(uniq),
         measured=int(lazy.stats["measured"]), from_store=int(lazy.stats["from_store"]), stop=stop,
-        iterations=iterations, phases=phases, solo_sum_ms=plan.predicted_s * 1e3)
+        iterations=iterations, phases=phases, solo_sum_ms=plan.predicted_s * 1e3,
+        predicted_plan_ms=plan_model.predict(plan, problem.prim) * 1e3, plan_model_runs=n_runs, finalists=finalists)
     _check_and_time(plan, summary, feeds, threads, peers=peers, opset=opset, say=say)
+    from tensorplan.cost.plan_time import record_plan_run
+    cov = summary.timings["runners"]["tensorplan"]["cov"]
+    record_plan_run(st, spec, plan, summary.measured_plan_ms / 1e3, cov, label="optimize", prim=problem.prim,
+                    threads=threads)
     plan.stats["cost_model"] = lazy.describe()
     if out_dir is not None:
         t0 = time.perf_counter()
@@ -218,11 +241,12 @@ def _race_rounds(deadline: float) -> int:
     return 15 if left > 60 else 9 if left > 20 else 5
 
 
-def _measure_what_decides(p: Problem, lazy: Any, *, deadline: float, time_limit: float, progress: bool,
-                          say: Callable[[str], None]) -> tuple[list[Iteration], str]:
-    """Solve on the current costs; time the solution's unmeasured kernels (and the runner-up
-    solution's, while at least half the time is left); repeat until the solution is all measured
-    and unchanged, the deadline passes or MAX_ITERATIONS solves. Returns (iterations, why it stopped)."""
+def _measure_what_decides(p: Problem, lazy: Any, plan_model: Any, *, deadline: float, time_limit: float,
+                          progress: bool, say: Callable[[str], None]) -> tuple[list[Iteration], str]:
+    """Solve on the current costs (solo cost + what the plan-time model says the kernel costs inside a
+    plan); time the solution's unmeasured kernels (and the runner-up solution's, while at least half
+    the time is left); repeat until the solution is all measured, the deadline passes or
+    MAX_ITERATIONS solves. Returns (iterations, why it stopped)."""
     from tensorplan.korch.blp import select
 
     prim, cands = p.prim, p.cands
@@ -232,7 +256,8 @@ def _measure_what_decides(p: Problem, lazy: Any, *, deadline: float, time_limit:
     started = time.perf_counter()
     for index in range(MAX_ITERATIONS):
         costs = np.array(lazy.cost_many(prim, cands), dtype=np.float64)
-        objective = costs + (p.overhead if p.overhead is not None else 0.0)
+        p.overhead = plan_model.overheads(prim, cands, costs, info=lazy.kernel_info)
+        objective = costs + p.overhead
         t0 = time.perf_counter()
         sel = select(prim, cands, objective, method="blp", recompute=True, cuts=True, time_limit=time_limit)
         solve_s = time.perf_counter() - t0

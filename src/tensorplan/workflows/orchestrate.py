@@ -378,6 +378,12 @@ def race_finalists(p: Problem, plan: Plan, solve: dict[str, Any], *, threads: in
         feeds = random_feeds(p.prim, seed=0)
     result = run_race(cands, p.prim, feeds, threads=threads, rounds=rounds, margin=margin, burst_s=burst_s)
     result.seconds = time.perf_counter() - t0
+    store = getattr(p.cost_model, "store", None)
+    if store is not None:       # every finalist timed end to end: data for the plan-time model (cost/plan_time.py)
+        from tensorplan.cost.plan_time import record_plan_run
+        for name, fin in cands.items():
+            if name in result.median_s:
+                record_plan_run(store, p.spec, fin, result.median_s[name], label=name, prim=p.prim, threads=threads)
     if on_result is not None:
         on_result(cands, result)
     med, n_kernels, chosen, fastest = result.median_s, result.kernels, result.chosen, result.fastest
