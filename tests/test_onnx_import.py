@@ -784,7 +784,8 @@ def _loop_model(opset, trips, cond_out):
                        _init("w", np.float32([[1, 2, 3], [4, 5, 6]]) * 0.5)], opset=opset, ir=7)
 
 
-@pytest.mark.parametrize("opset,trips,cond_out", [(11, 4, "same"), (13, 3, "false"), (17, 5, "same"), (17, 0, "same")])
+@pytest.mark.parametrize("opset,trips,cond_out", [(9, 3, "same"), (11, 4, "same"), (13, 3, "false"), (17, 5, "same"),
+                                                  (17, 0, "same")])
 def test_loop_with_constant_trip_count_is_unrolled(opset, trips, cond_out):
     m = _loop_model(opset, trips, cond_out)
     g = import_onnx(m)
@@ -798,6 +799,20 @@ def test_loop_with_constant_trip_count_is_unrolled(opset, trips, cond_out):
         want = ort_out[o.name]
         assert got[o.name].shape == want.shape
         assert np.allclose(got[o.name], want, rtol=1e-5, atol=1e-6), o.name
+
+
+def test_old_if_with_old_ops_in_its_branches_is_converted_and_inlined():
+    """If-1 at opset 9 with Slice-1 in both branches: the converter rewrites the sub-graphs, import
+    inlines the branch its constant condition takes."""
+    then = helper.make_graph([_N("Slice", ["x"], ["t"], starts=[1], ends=[3], axes=[1])], "then", [], [vi("t", None)])
+    other = helper.make_graph([_N("Slice", ["x"], ["e"], starts=[0], ends=[2], axes=[1])], "else", [], [vi("e", None)])
+    for cond in (True, False):
+        m = make_model([_N("If", ["c"], ["y"], then_branch=then, else_branch=other, name="if9")],
+                       [vi("x", [2, 3])], [vi("y", [2, 2])], [_init("c", np.array(cond))], opset=9, ir=5)
+        g = import_onnx(m)
+        assert "If" not in g.op_counts()
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        assert np.array_equal(run_reference(g, {"x": x})["y"], run_onnxruntime(m, {"x": x})["y"])
 
 
 def test_loop_with_runtime_trip_count_is_refused_by_name():

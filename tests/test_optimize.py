@@ -54,7 +54,8 @@ def test_optimize_makes_a_verified_plan_measuring_only_part_and_a_second_run_tim
     from typer.testing import CliRunner
 
     from tensorplan.cli import app
-    r = CliRunner().invoke(app, ["optimize", "tiny-attention", "--budget", "4m", "--samples", "8", "--no-peers", "--json"],
+    r = CliRunner().invoke(app, ["optimize", "tiny-attention", "--budget", "4m", "--samples", "8", "--no-peers",
+                                 "--json"],
                            env={"TENSORPLAN_STORE": str(store)})
     assert r.exit_code == 0, r.output
     s2 = json.loads(r.stdout[r.stdout.index("{"):])

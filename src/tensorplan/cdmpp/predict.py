@@ -629,7 +629,7 @@ def scheduled_module(task, target, sample: int | None):
 
 def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, progress: bool = False,
                      log: Callable[[str], None] | None = None, specs: dict | None = None,
-                     device: DeviceSpec | None = None, workers: int | None = None) -> tuple:
+                     device: DeviceSpec | None = None, workers: int | None = 1) -> tuple:
     """A network's fused kernels, each with its default schedule (then up to `tuned` - 1 more
     samples), featurised for domain `dom` -> (tasks, gaps, programs, sample index or None per task,
     compact ASTs, ProgramArrays). Programs are (task index, sample index or None), each task's
@@ -638,9 +638,11 @@ def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, prog
     GPU target, its device vector), else `dom` is resolved by name; `specs`: a dataset's recorded
     devices (`Dataset.devices`), for a `dom` such as zen4-2t that only a dataset describes.
 
-    Why workers: drawing and featurising a kernel's N schedules is ~20 ms a program and dominates
-    `predict` at N = 32, so kernels go to forked processes (`workers`, None: every usable CPU),
-    each returning its compact ASTs (the modules stay there)."""
+    `workers` > 1 (None: every usable CPU) draws and featurises kernels in forked processes, each
+    returning its compact ASTs (the modules stay there; `scheduled_module` rebuilds one). Drawing
+    and featurising is most of `predict`'s time at N = 32 (~20 ms a program), but on the 2-core
+    development VM, shared with other jobs, two workers were no faster than one (mobilenet-v2, N =
+    32: 19.6-29.9 s in-process, 26.2-33.4 s with 2 workers, 2026-12-02), so `predict` stays in-process."""
     from tensorplan.cdmpp.features import featurize_many
     from tensorplan.cdmpp.tasks import network_tasks_and_gaps, task_io_of
     from tensorplan.forkmap import fork_map_iter
