@@ -51,6 +51,10 @@ STEPS: list[tuple[str, list[str], float]] = [
     # `tensorplan predict --measure` with the default tuned picks on the 7 models and 3 outside the dataset,
     # against ONNX Runtime in the same run (issue 59)
     ("predict-tuned", [PY, "bench/predict_tuned.py"], 60),
+    # the ONNX project's backend node tests against tensorplan and ONNX Runtime (issue 60)
+    ("onnx-conformance", [PY, "bench/onnx_conformance.py"], 1),
+    # tensorplan optimize on the 7 Korch models and 6 others, cold store, against the peers (issue 59)
+    ("optimize", [PY, "bench/optimize_bench.py"], 240),
     ("summarize", [PY, "bench/summarize.py"], 0.1),
 ]
 

@@ -110,9 +110,9 @@ def test_predict_reports_tuned_picks_by_default_and_the_untuned_total_beside_the
 
 
 def test_the_picks_programs_are_the_ones_predicted(tmp_path):
-    """Kernels' modules are rebuilt from their draw (`scheduled_module`) to be timed or saved: the
-    rebuilt program featurises to the very compact AST the model ranked, and a run over forked
-    workers (`workers=2`) draws and featurises the same samples as the in-process one."""
+    """Kernels are drawn and featurised in forked workers and their modules rebuilt from the draw
+    (`scheduled_module`) to be timed or saved: the rebuilt program featurises to the very compact
+    AST the model ranked, and an in-process run (`workers=1`) draws and featurises the same."""
     import numpy as np
 
     from tensorplan.cdmpp.features import compact_ast
@@ -121,9 +121,9 @@ def test_the_picks_programs_are_the_ones_predicted(tmp_path):
     path, name = model_onnx("tiny-cnn")
     spec, dom = resolve_device("local")
     tasks, _, progs, first, asts, _ = network_programs(path, name, dom, tuned=4, device=spec)
-    forked = network_programs(path, name, dom, tuned=4, device=spec, workers=2)
-    assert progs == forked[2] and first == forked[3]
-    assert all(np.array_equal(a.leaf_features, b.leaf_features) for a, b in zip(asts, forked[4]))
+    serial = network_programs(path, name, dom, tuned=4, device=spec, workers=1)
+    assert progs == serial[2] and first == serial[3]
+    assert all(np.array_equal(a.leaf_features, b.leaf_features) for a, b in zip(asts, serial[4]))
     starts: dict = {}
     for j, sample in progs:                                              # each task's rows together, default first
         starts.setdefault(j, sample)

@@ -629,7 +629,7 @@ def scheduled_module(task, target, sample: int | None):
 
 def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, progress: bool = False,
                      log: Callable[[str], None] | None = None, specs: dict | None = None,
-                     device: DeviceSpec | None = None, workers: int | None = 1) -> tuple:
+                     device: DeviceSpec | None = None, workers: int | None = None) -> tuple:
     """A network's fused kernels, each with its default schedule (then up to `tuned` - 1 more
     samples), featurised for domain `dom` -> (tasks, gaps, programs, sample index or None per task,
     compact ASTs, ProgramArrays). Programs are (task index, sample index or None), each task's
@@ -638,11 +638,12 @@ def network_programs(path: str | Path, name: str, dom: str, tuned: int = 0, prog
     GPU target, its device vector), else `dom` is resolved by name; `specs`: a dataset's recorded
     devices (`Dataset.devices`), for a `dom` such as zen4-2t that only a dataset describes.
 
-    `workers` > 1 (None: every usable CPU) draws and featurises kernels in forked processes, each
-    returning its compact ASTs (the modules stay there; `scheduled_module` rebuilds one). Drawing
-    and featurising is most of `predict`'s time at N = 32 (~20 ms a program), but on the 2-core
-    development VM, shared with other jobs, two workers were no faster than one (mobilenet-v2, N =
-    32: 19.6-29.9 s in-process, 26.2-33.4 s with 2 workers, 2026-12-02), so `predict` stays in-process."""
+    Why `workers` (None: every usable CPU; 1: in-process): drawing and featurising the schedules is
+    most of `predict`'s time at N = 32 (~20 ms a program), and kernels are independent, so they go
+    to forked processes, each returning its compact ASTs (the modules stay there; `scheduled_module`
+    rebuilds one). mobilenet-v2, N = 32, 2-core VM, 2026-12-02: 17.5-19.4 s in-process, 13.0-13.7 s
+    with 2 workers on the quiet machine (lowering the network, ~7 s, stays serial); with other jobs
+    at a load of 4 on its 2 cores, 19.6-29.9 s against 26.2-33.4 s: two workers gain nothing there."""
     from tensorplan.cdmpp.features import featurize_many
     from tensorplan.cdmpp.tasks import network_tasks_and_gaps, task_io_of
     from tensorplan.forkmap import fork_map_iter

@@ -97,7 +97,9 @@ def _print(con: Console, plan, s) -> None:
     t.add_row("time", f"{s.total_s:.1f}s of {s.budget_s:.0f}s: "
               + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in s.phases.items() if v >= 0.05))
     for kind, path in s.artifacts.items():
-        if kind != "onnx_exact":
+        if kind == "onnx":
+            t.add_row("wrote onnx", f"{path} (runs in {s.artifacts.get('onnx_runtime', 'onnxruntime')})")
+        elif kind != "onnx_runtime":
             t.add_row(f"wrote {kind}", path)
     if s.artifacts.get("plan"):
         t.add_row("next", f"tensorplan run {s.artifacts['plan']}")

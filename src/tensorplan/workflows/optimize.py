@@ -353,15 +353,21 @@ def _check_and_time(plan: Plan, summary: OptimizeSummary, feeds: dict[str, np.nd
 
 
 def _write(plan: Plan, out: Path, *, threads: int, say: Callable[[str], None]) -> dict[str, str]:
-    """The deployable artifact: one ONNX file when ONNX Runtime runs the whole plan (checked against
-    ONNX Runtime on the original by `Plan.export`), the plan JSON otherwise (`tensorplan run`)."""
+    """The deployable artifact: one ONNX file when one runtime runs the whole plan (ONNX Runtime, or
+    OpenVINO when the kept plan is one OpenVINO model of the rewritten graph), checked against ONNX
+    Runtime on the original by `Plan.export`; otherwise the plan JSON (`tensorplan run`)."""
     out.mkdir(parents=True, exist_ok=True)
     arts = {"plan": str(out / "plan.json"), "report": str(out / "report.html")}
     onnx = out / "model.onnx"
     res = plan.export(onnx, threads=threads, check=True, rounds=0)
+    one = plan.kernels[0] if len(plan.kernels) == 1 else None
     if res.exact:
-        arts["onnx"] = res.path
+        arts["onnx"], arts["onnx_runtime"] = res.path, "onnxruntime"
         say(f"wrote {res.path}: {res.relation}")
+    elif one is not None and one.kind == "region" and one.backend == "openvino":
+        arts["onnx"], arts["onnx_runtime"] = res.path, "openvino"
+        say(f"wrote {res.path}: the plan is one OpenVINO model of this file (fp32 hint, "
+            f"{one.schedule.get('threads', threads)} threads): run it with OpenVINO, or the plan with `tensorplan run`")
     else:
         onnx.unlink(missing_ok=True)
         say(f"the plan runs kernels outside ONNX Runtime ({', '.join(f'{b}: {n}' for b, n in res.outside_ort.items())}"
