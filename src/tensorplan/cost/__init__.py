@@ -80,7 +80,7 @@ def node_flops(prim: Graph, n: Node) -> int:
 def kernel_work(prim: Graph, cand: "Candidate") -> tuple[int, int]:
     """(FLOPs, bytes moved) of a fused kernel: its external inputs (incl. weights) and its
     outputs are read/written once; intermediates stay on chip (the point of fusion)."""
-    byname = _node_index(prim)
+    byname = node_index(prim)
     flops = sum(node_flops(prim, byname[x]) for x in cand.nodes)
     nbytes = sum(prim.tensors[i].nbytes for i in (*cand.inputs, *cand.const_inputs))
     nbytes += sum(prim.tensors[o].nbytes for o in cand.outputs)
@@ -90,7 +90,9 @@ def kernel_work(prim: Graph, cand: "Candidate") -> tuple[int, int]:
 _INDEX_CACHE: dict[int, tuple[int, dict[str, Node]]] = {}
 
 
-def _node_index(prim: Graph) -> dict[str, Node]:
+def node_index(prim: Graph) -> dict[str, Node]:
+    """Name -> node of a primitive graph, cached per graph object (costing looks nodes up by name
+    for thousands of candidates)."""
     key = id(prim)
     hit = _INDEX_CACHE.get(key)
     if hit is None or hit[0] != len(prim.nodes):
@@ -166,4 +168,4 @@ def cost_many(model: KernelCost, prim: Graph, cands: Iterable["Candidate"], *,
     return out
 
 
-__all__ = ["KernelCost", "AnalyticalCost", "cost_many", "kernel_work", "node_flops"]
+__all__ = ["KernelCost", "AnalyticalCost", "cost_many", "kernel_work", "node_flops", "node_index"]

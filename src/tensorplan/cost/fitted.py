@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
-from tensorplan.cost import AnalyticalCost, node_flops
+from tensorplan.cost import AnalyticalCost, node_flops, node_index
 from tensorplan.errors import TensorplanError
 from tensorplan.ir.graph import Graph
 from tensorplan.korch.fission import category
@@ -174,7 +174,7 @@ class FittedCost:
         if cand.kind not in KINDS:
             raise TensorplanError(f"FittedCost: candidate {cand.id} has kind '{cand.kind}'; expected one of "
                                   f"{', '.join(KINDS)}")
-        idx = _index(prim)
+        idx = node_index(prim)
         nodes = [idx[x] for x in cand.nodes]
         flops = float(sum(node_flops(prim, n) for n in nodes))
         nbytes = float(sum(prim.tensors[i].nbytes for i in (*cand.inputs, *cand.const_inputs))
@@ -412,17 +412,6 @@ class FittedCost:
 _ZERO = np.zeros(6)
 _CLIP = 6.0
 
-
-_IDX: dict[int, tuple[int, dict]] = {}
-
-
-def _index(prim: Graph) -> dict:
-    key = id(prim)
-    hit = _IDX.get(key)
-    if hit is None or hit[0] != len(prim.nodes):
-        hit = (len(prim.nodes), {n.name: n for n in prim.nodes})
-        _IDX[key] = hit
-    return hit[1]
 
 
 def log_errors(pred: Iterable[float], meas: Iterable[float]) -> dict[str, float]:

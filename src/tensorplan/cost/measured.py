@@ -36,6 +36,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from tensorplan.cost import node_index
 from tensorplan.errors import CompileError, TensorplanError
 from tensorplan.ir.graph import Graph
 
@@ -157,7 +158,7 @@ class MeasuredCost:
 
     # -- internals ------------------------------------------------------------------------
     def _prog_key(self, prim: Graph, c: "Candidate") -> str:
-        byname = _index(prim)
+        byname = node_index(prim)
         payload = {"canonical_hash": c.canonical_hash, "kind": c.kind, "threads": self.threads,
                    "version": COST_VERSION, "ops": [byname[n].op for n in c.nodes],
                    "linear_backends": sorted(self.linear_backends) if c.kind == "linear" else []}
@@ -297,17 +298,6 @@ def schedules_digest(schedules: list[dict]) -> str:
     from tensorplan.measure.store import canonical_json
     return hashlib.sha256(canonical_json(schedules).encode()).hexdigest()[:24]
 
-
-def _index(prim: Graph) -> dict:
-    key = id(prim)
-    hit = _IDX.get(key)
-    if hit is None or hit[0] != len(prim.nodes):
-        hit = (len(prim.nodes), {n.name: n for n in prim.nodes})
-        _IDX[key] = hit
-    return hit[1]
-
-
-_IDX: dict[int, tuple[int, dict]] = {}
 
 
 def _progress(enabled: bool, total: int, desc: str):
