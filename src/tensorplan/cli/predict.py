@@ -52,8 +52,8 @@ def _print_prediction(p, measure: bool) -> None:
     cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + (
         ["meas µs", "pred/meas"] if measure else []) + ["× calls µs", "share"] + (
         ["untuned pred µs"] + (["untuned meas µs"] if measure else []) if tuned else [])
-    for c in cols:
-        t.add_column(c, justify="left" if c == "kernel" else "right")
+    for c in cols:   # on a narrow terminal the kernel names shrink, not the figures' headers
+        t.add_column(c, justify="left" if c == "kernel" else "right", no_wrap=c != "kernel")
     tot = max(p.total_s, 1e-15)
     for k in sorted(p.kernels, key=lambda k: -k.pick_total_s):
         # spread ×: exp(std of the ensemble members' log predictions), 1.00 = full agreement
