@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -38,7 +40,9 @@ def _checked(label: str, c, n_kernels: int) -> str:
 
 def _print_prediction(p, measure: bool) -> None:
     """The per-kernel table (largest share first), what the totals are, and the measured check."""
-    con = Console()
+    # piped or captured output is not cut to rich's 80-column default: the table's nine to twelve
+    # columns would wrap their headers there (a terminal, or COLUMNS, sets the width as usual)
+    con = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
     rng = (f" (members {min(p.member_total_s) * 1e3:.3f}–{max(p.member_total_s) * 1e3:.3f} ms)"
            if p.member_total_s else "")
     tuned = bool(p.tuned)
@@ -47,13 +51,13 @@ def _print_prediction(p, measure: bool) -> None:
     t = Table(title=f"{p.model} on {p.domain} ({p.predictor}): {p.total_s * 1e3:.3f} ms predicted{rng}, {what}")
     spread = all(k.log_spread is not None for k in p.kernels)
     # the columns describe each kernel's pick (the schedule the total counts); under --tuned the default
-    # schedule's prediction (and time) follow, "=" where the pick is the default.
+    # schedule's prediction and time follow, "=" where the pick is the default.
     # a kernel predicted below its roofline floor is marked * (each floor is in --json)
     cols = ["kernel", "calls", "MFLOP", "leaves", "pred µs"] + (["spread ×"] if spread else []) + (
         ["meas µs", "pred/meas"] if measure else []) + ["× calls µs", "share"] + (
         ["untuned pred µs"] + (["untuned meas µs"] if measure else []) if tuned else [])
-    for c in cols:   # on a narrow terminal the kernel names shrink, not the figures' headers
-        t.add_column(c, justify="left" if c == "kernel" else "right", no_wrap=c != "kernel")
+    for c in cols:
+        t.add_column(c, justify="left" if c == "kernel" else "right")
     tot = max(p.total_s, 1e-15)
     for k in sorted(p.kernels, key=lambda k: -k.pick_total_s):
         # spread ×: exp(std of the ensemble members' log predictions), 1.00 = full agreement
