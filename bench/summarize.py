@@ -701,6 +701,34 @@ def cdmpp_section() -> list[str]:
     return out + [""]
 
 
+def predict_tuned_section() -> list[str]:
+    """`predict` with tuned picks against measurement and ONNX Runtime (bench/predict_tuned.py)."""
+    res = load("predict_tuned.json")
+    if not res or not res.get("rows"):
+        return []
+    m = res["machine"]
+    out = ["## CDMPP: tuned predictions against this CPU and ONNX Runtime", "",
+           "`python bench/predict_tuned.py` — `predict(model, device, tuned=N, measure=True)`: the tuned total (each "
+           "kernel's predicted-fastest of its first N sampled schedules, none timed), the picks compiled and timed "
+           "one kernel at a time (per-kernel MAPE on the picks, whole-network predicted/measured), the untuned total "
+           "(default schedules) and ONNX Runtime on the same ONNX file in the same run (interleaved, median). "
+           f"{m['cpu']}, {m['cores']} cores; `noisy`: the 1-minute load exceeded the cores (rerun those rows on a "
+           "quiet machine).", "",
+           "| model | in dataset | device | N | kernels | untuned pred ms | tuned pred ms | picks meas ms | pred/meas | "
+           "per-kernel MAPE (picks) | defaults meas ms | ONNX Runtime ms | tuned pred / ORT | noisy |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(x, d=2):
+        return "-" if x is None else f"{x:.{d}f}"
+    for r in res["rows"]:
+        out.append(f"| {r['model']} | {'yes' if r['in_dataset'] else 'no'} | {r.get('device', 'local')} | "
+                   f"{r['tuned']} | {r['kernels']} | {f(r['untuned_predicted_ms'])} | {f(r['tuned_predicted_ms'])} | "
+                   f"{f(r.get('tuned_measured_ms'))} | {f(r.get('tuned_pred_over_meas'))} | "
+                   f"{f(r.get('tuned_kernel_mape_pct'), 0)} % | {f(r.get('untuned_measured_ms'))} | {f(r['ort_ms'])} | "
+                   f"{f(r.get('tuned_predicted_over_ort'))} | {'yes' if r.get('noisy') else 'no'} |")
+    return out + [""]
+
+
 def optimize_section() -> list[str]:
     """`tensorplan optimize` on this CPU (bench/optimize_bench.py -> optimize_bench.json)."""
     d = load("optimize_bench.json")
@@ -833,7 +861,7 @@ def main() -> None:
              "CoDL: [research/notes/codl.md](../research/notes/codl.md).", ""]
     for sec in (devices_section(), store_section(), import_section(), kernels_section(), planning_section(),
                 korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), export_section(), openvino_section(), beyond_zoo_section(), winograd_section(),
-                korch_gpu_section(), cdmpp_section(), optimize_section(), conformance_section()):
+                korch_gpu_section(), cdmpp_section(), predict_tuned_section(), optimize_section(), conformance_section()):
         lines += sec
     Path(a.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out}")

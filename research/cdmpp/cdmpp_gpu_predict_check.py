@@ -105,7 +105,7 @@ def run(networks: list[str], holdout: bool, members: int, max_time: float, out: 
             weights, train_info = None, None
             if who == "held-out":
                 weights, train_info = holdout_model(net, members, max_time)
-            pred = predict(net, device=device, weights=weights)
+            pred = predict(net, device=device, tuned=0, weights=weights)
             res = check(pred, timed)
             rec = {"network": net, "predictor": who, "device": device, "weights": weights or pred.weights,
                    "train": train_info, **res, "cpu": machine_info().get("cpu", ""),

@@ -70,10 +70,10 @@ def run(networks: list[str], out: Path, calibrated: Path | None, data=None, devi
         if (net, host) in done:
             print(f"{net}: done on {host}")
             continue
-        p = predict(net, device=device, measure=True, progress=True, calibrated=False)
+        p = predict(net, device=device, tuned=0, measure=True, progress=True, calibrated=False)
         r = p.to_dict()
         if calibrated is not None:
-            pc = predict(net, device=device, weights=calibrated, calibrated=False)
+            pc = predict(net, device=device, tuned=0, weights=calibrated, calibrated=False)
             for k, kc in zip(r["kernels"], pc.kernels):
                 assert k["key"] == kc.key
                 k["calibrated_us"] = 1e6 * kc.predicted_s
