@@ -86,7 +86,8 @@ def test_train_members_and_predict_network_report_spread(cdmpp_small, tmp_path):
     assert all(k["log_spread"] >= 0 and k["predicted_us"] > 0 for k in r["kernels"])
     assert any(k["log_spread"] > 0 for k in r["kernels"])       # two seeds never agree exactly
     assert len(r["member_total_ms"]) == 2 and all(t > 0 for t in r["member_total_ms"])
-    out = CliRunner().invoke(app, ["predict", "tiny-mlp", "--weights", str(tmp_path / "ens.pt")])
+    out = CliRunner().invoke(app, ["predict", "tiny-mlp", "--weights", str(tmp_path / "ens.pt")],
+                             env={"COLUMNS": "200"})   # wide enough for every column
     assert out.exit_code == 0, out.output
     assert "spread ×" in out.stdout and "(members " in out.stdout
 

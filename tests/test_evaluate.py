@@ -134,7 +134,11 @@ def test_cli_predict_with_shipped_model():
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert out["n_kernels"] >= 3 and out["total_ms"] > 0
     assert all(k["predicted_us"] > 0 for k in out["kernels"])
-    assert out["total_ms"] == pytest.approx(sum(k["total_us"] for k in out["kernels"]) / 1e3)
+    # the headline is the tuned picks' total (the default), the untuned one the default schedules'
+    assert out["total_is"] == "tuned"
+    assert out["total_ms"] == pytest.approx(sum(k["tuned_total_us"] for k in out["kernels"]) / 1e3)
+    assert out["untuned_total_ms"] == pytest.approx(sum(k["total_us"] for k in out["kernels"]) / 1e3)
+    assert out["total_ms"] <= out["untuned_total_ms"] * (1 + 1e-9)
     bad = CliRunner().invoke(app, ["predict", "/nonexistent/model.onnx"])
     assert bad.exit_code != 0
 
