@@ -92,7 +92,8 @@ def _print(con: Console, plan, s) -> None:
     t.add_row("check", f"max relative error {s.max_rel_err:.2e} vs ONNX Runtime on {s.reference}"
               if s.max_rel_err is not None else "not checked")
     t.add_row("measured", f"{s.measured} of {s.unique_kernels} unique kernels ({100 * s.measured_share:.1f}%), "
-              f"{s.from_store} from the store; {s.samples} schedules sampled per TIR kernel, top {s.top_k} timed")
+              f"{s.from_store} from the store; {s.draws} schedules sampled for {s.searched} TIR kernels (at most "
+              f"{s.samples} each), top {s.top_k} timed")
     t.add_row("solves", f"{len(s.iterations)}, stopped: {s.stop}")
     t.add_row("time", f"{s.total_s:.1f}s of {s.budget_s:.0f}s: "
               + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in s.phases.items() if v >= 0.05))

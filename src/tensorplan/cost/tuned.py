@@ -236,7 +236,7 @@ class TunedCost:
         self._pred: dict[str, TunedPrediction] = {}
         self._fallback_hashes: set[str] = set()
         self._fb: dict[str, float] = {}          # canonical hash -> the fallback's cost
-        self.stats = {"candidates": 0, "tuned": 0, "fallback": 0, "cache_hits": 0, "draws": 0,
+        self.stats = {"searched": 0, "candidates": 0, "tuned": 0, "fallback": 0, "cache_hits": 0, "draws": 0,
                       "schedules_sampled": 0, "distinct_programs": 0, "schedules_featurised": 0, "rounds": 0, "sample_s": 0.0,
                       "featurise_s": 0.0, "predict_s": 0.0, "wall_s": 0.0, "top_handed_out": 0}
 
@@ -268,6 +268,7 @@ class TunedCost:
                 else:
                     searches.append(_Search(c, pk))
         if searches:
+            self.stats["searched"] += len(searches)
             self._search(prim, searches, progress)
             others += [s.cand for s in searches if not s.lowerable]
         for c in others:

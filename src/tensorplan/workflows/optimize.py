@@ -56,7 +56,9 @@ class OptimizeSummary:
     model: str
     device: str
     budget_s: float
-    samples: int                       # schedules sampled per TIR kernel (plus its default)
+    samples: int                       # at most this many schedules sampled per TIR kernel (plus its default)
+    draws: int                         # schedules sampled in this run (0 when the store had the predictions)
+    searched: int                      # TIR kernels whose schedules were sampled in this run
     top_k: int                         # predicted-fastest schedules timed per chosen TIR kernel
     candidates: int
     unique_kernels: int                # what a fully measured orchestrate compiles and times
@@ -170,8 +172,11 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     phases["predict_s"] = problem.timing.get("profile_s", 0.0)
     cands = problem.cands
     uniq = {c.canonical_hash for c in cands}
-    say(f"predicted {len(uniq)} kernels ({predicted.tuned.samples} schedules sampled per TIR kernel; "
-        f"{lazy.stats['from_store']} already measured in the store) ({phases['predict_s']:.1f}s)")
+    tst = predicted.tuned.stats
+    say(f"predicted {len(uniq)} kernels: {tst.get('draws', 0)} schedules sampled for "
+        f"{tst.get('searched', 0)} TIR kernels (at most {predicted.tuned.samples} each, "
+        f"{tst.get('cache_hits', 0)} predicted before); {lazy.stats['from_store']} kernels already measured in the "
+        f"store ({phases['predict_s']:.1f}s)")
 
     from tensorplan.cost.plan_time import PlanTimeModel, load_runs
     plan_model = PlanTimeModel.load(st, spec, refit=True)    # fitted on the plans this store saw run
@@ -208,7 +213,9 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
 
     summary = OptimizeSummary(
         model=str(g.source or g.name), device=str(getattr(spec, "name", device)), budget_s=budget,
-        samples=int(predicted.tuned.samples), top_k=int(top_k), candidates=len(cands), unique_kernels=len(uniq),
+        samples=int(predicted.tuned.samples), draws=int(predicted.tuned.stats.get("draws", 0)),
+        searched=int(predicted.tuned.stats.get("searched", 0)),
+        top_k=int(top_k), candidates=len(cands), unique_kernels=len(uniq),
         measured=int(lazy.stats["measured"]), from_store=int(lazy.stats["from_store"]), stop=stop,
         iterations=iterations, phases=phases, solo_sum_ms=plan.predicted_s * 1e3,
         predicted_plan_ms=plan_model.predict(plan, problem.prim) * 1e3, plan_model_runs=n_runs, finalists=finalists)

@@ -72,8 +72,9 @@ def optimize_report_html(plan: Plan, s: "OptimizeSummary") -> str:
             + f"; kept <b>{html.escape(race['chosen'])}</b>.</p>")
     parts += ["<h2>What was predicted, what was measured</h2>",
               f"<p>{s.candidates} candidate kernels, {s.unique_kernels} unique (what a fully measured "
-              f"<code>orchestrate</code> compiles and times). Each TIR kernel's {s.samples} sampled schedules and its "
-              f"default were ranked by the predictor; the solver's kernels were then compiled and timed (the top "
+              f"<code>orchestrate</code> compiles and times). {s.draws} schedules sampled for {s.searched} TIR kernels "
+              f"(at most {s.samples} each, fewer once the predicted best stopped improving) and their defaults were "
+              f"ranked by the predictor; the solver's kernels were then compiled and timed (the top "
               f"{s.top_k} schedules of each TIR kernel): <b>{s.measured}</b> kernels timed in this run "
               f"({100 * s.measured_share:.1f}%), {s.from_store} found in the store. Stopped: "
               f"{html.escape(s.stop)}.</p>",
