@@ -365,9 +365,14 @@ def _write(plan: Plan, out: Path, *, threads: int, say: Callable[[str], None]) -
     Runtime on the original by `Plan.export`; otherwise the plan JSON (`tensorplan run`)."""
     out.mkdir(parents=True, exist_ok=True)
     arts = {"plan": str(out / "plan.json"), "report": str(out / "report.html")}
+    one = plan.kernels[0] if len(plan.kernels) == 1 else None
+    outside = sorted({k.backend for k in plan.kernels} - {"ort"})
+    if outside and not (one is not None and one.backend == "openvino"):   # no one-runtime file: no export
+        say(f"the plan runs kernels outside ONNX Runtime ({', '.join(outside)}): deploy {arts['plan']} with "
+            "`tensorplan run`")
+        return arts
     onnx = out / "model.onnx"
     res = plan.export(onnx, threads=threads, check=True, rounds=0)
-    one = plan.kernels[0] if len(plan.kernels) == 1 else None
     if res.exact:
         arts["onnx"], arts["onnx_runtime"] = res.path, "onnxruntime"
         say(f"wrote {res.path}: {res.relation}")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from tensorplan.runtime.plan import Plan
 from tensorplan.workflows.peers import PeerTimings, RunnerTiming
-from tensorplan.workflows.report import _CSS, _plt, _png, _table, noise_note, peers_chart, peers_table
+from tensorplan.workflows.report import REPORT_CSS, pyplot, png_data_uri, html_table, noise_note, peers_chart, peers_table
 
 if TYPE_CHECKING:  # optimize calls this module, not the other way round
     from tensorplan.workflows.optimize import OptimizeSummary
@@ -30,7 +30,7 @@ def _timings(summary: "OptimizeSummary") -> PeerTimings | None:
 
 def phases_chart(phases: dict[str, float], budget_s: float) -> str:
     """Where the time to plan went, one bar per phase, against the budget."""
-    plt = _plt()
+    plt = pyplot()
     items = [(k[:-2], v) for k, v in phases.items() if v >= 0.01]
     fig, ax = plt.subplots(figsize=(7, 0.8 + 0.3 * len(items)))
     ax.barh([k for k, _ in items], [v for _, v in items], color="#1f77b4", alpha=0.7)
@@ -39,14 +39,14 @@ def phases_chart(phases: dict[str, float], budget_s: float) -> str:
     ax.invert_yaxis()
     ax.set_xlabel(f"seconds (budget {budget_s:.0f} s, total {sum(v for _, v in items):.0f} s)")
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    return png_data_uri(fig)
 
 
 def optimize_report_html(plan: Plan, s: "OptimizeSummary") -> str:
     """The report as one HTML string (`s`: the plan's `OptimizeSummary`)."""
     t = _timings(s)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>tensorplan optimize: "
-             f"{html.escape(s.model)}</title><style>{_CSS}</style></head><body>",
+             f"{html.escape(s.model)}</title><style>{REPORT_CSS}</style></head><body>",
              f"<h1>tensorplan optimize: {html.escape(s.model)}</h1>",
              f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {html.escape(platform.node())} "
              f"({html.escape(platform.processor() or platform.machine())}), device {html.escape(s.device)}. "
@@ -78,7 +78,7 @@ def optimize_report_html(plan: Plan, s: "OptimizeSummary") -> str:
               f"{s.top_k} schedules of each TIR kernel): <b>{s.measured}</b> kernels timed in this run "
               f"({100 * s.measured_share:.1f}%), {s.from_store} found in the store. Stopped: "
               f"{html.escape(s.stop)}.</p>",
-              _table(["solve", "kernels", "priced by prediction only", "timed after it", "objective ms",
+              html_table(["solve", "kernels", "priced by prediction only", "timed after it", "objective ms",
                       "solve s", "measure s"],
                      [[it.index + 1, it.kernels, it.unmeasured, it.measured_now, f"{it.objective_ms:.3f}",
                        f"{it.solve_s:.2f}", f"{it.measure_s:.1f}"] for it in s.iterations]),
@@ -90,7 +90,7 @@ def optimize_report_html(plan: Plan, s: "OptimizeSummary") -> str:
                      str(sched.get("name", "")) + (f" (threads {sched['threads']})" if "threads" in sched else "")])
     parts += ["<h2>The plan's kernels</h2>",
               "<p class='note'>Solo µs: the kernel timed alone (or, where the budget ended first, predicted).</p>",
-              _table(["kernel", "backend", "kind", "primitives", "solo µs", "schedule"], rows)]
+              html_table(["kernel", "backend", "kind", "primitives", "solo µs", "schedule"], rows)]
     if plan.source.get("rewrites"):
         from collections import Counter
         rw = Counter(r for r, _ in plan.source["rewrites"])

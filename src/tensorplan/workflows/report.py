@@ -24,7 +24,7 @@ BACKEND_COLOURS = {"tvm": "#1f77b4", "ort": "#ff7f0e", "onnxruntime": "#ff7f0e",
                    "reference": "#7f7f7f", "opaque": "#d62728"}
 
 
-def _png(fig) -> str:
+def png_data_uri(fig) -> str:
     """A matplotlib figure as a PNG data URI (and closed)."""
     import matplotlib.pyplot as plt
 
@@ -34,7 +34,7 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,7 +58,7 @@ def peers_chart(timings: "PeerTimings", plan_name: str | None = "tensorplan") ->
     one runner has outliers: whiskers only (no fliers), the axis clipped past the longest whisker with
     the clipped rounds drawn as arrows at the edge, and a log axis when medians span more than 4x.
     The bf16 figure is labelled as such (hatched); a noisy run says so in the title."""
-    plt = _plt()
+    plt = pyplot()
     ts = sorted(timings.runners.values(), key=lambda t: -t.median_ms)
     names = [t.label + (f" [{t.precision}]" if t.precision not in (None, "fp32") and t.precision not in t.label
                         else "") for t in ts]
@@ -97,7 +97,7 @@ def peers_chart(timings: "PeerTimings", plan_name: str | None = "tensorplan") ->
     ax.grid(axis="x", alpha=0.3, which="both")
     if timings.noisy:
         ax.set_title(f"NOISY RUN: {timings.noise_reason}", color="#c00", fontsize=8, wrap=True)
-    return _png(fig)
+    return png_data_uri(fig)
 
 
 def peers_table(timings: "PeerTimings", plan_name: str | None = "tensorplan") -> str:
@@ -115,7 +115,7 @@ def peers_table(timings: "PeerTimings", plan_name: str | None = "tensorplan") ->
                      f"{t.median_ms / plan.median_ms:.2f}×" if plan and t.name != plan_name else ""])
     for name, why in timings.skipped.items():
         rows.append([name, "", "not timed", "", "", "", why])
-    return _table(["runtime", "precision", "median ms", "CoV of rounds", "build s", "max rel. error vs ORT",
+    return html_table(["runtime", "precision", "median ms", "CoV of rounds", "build s", "max rel. error vs ORT",
                    f"{plan_name} speed-up" if plan else ""], rows)
 
 
@@ -131,7 +131,7 @@ def noise_note(timings: "PeerTimings") -> str:
 
 def per_op_chart(per_op: list, top: int = 12) -> str:
     """ONNX Runtime's time per operator type (its own profiler)."""
-    plt = _plt()
+    plt = pyplot()
     ops = sorted(per_op, key=lambda o: o.total_ms)[-top:]
     fig, ax = plt.subplots(figsize=(6, 0.6 + 0.3 * len(ops)))
     ax.barh([f"{o.op} ×{o.count}" for o in ops], [o.total_ms for o in ops], color="#ff7f0e")
@@ -139,12 +139,12 @@ def per_op_chart(per_op: list, top: int = 12) -> str:
         ax.text(o.total_ms, i, f" {o.share:.0%}", va="center", fontsize=8)
     ax.set_xlabel("ms per inference")
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    return png_data_uri(fig)
 
 
 def kernels_chart(kernels: list["DemoKernel"], top: int = 25) -> str:
     """The plan's most expensive kernels (predicted, from the measured cost model), by backend."""
-    plt = _plt()
+    plt = pyplot()
     ks = sorted(kernels, key=lambda k: k.predicted_us)[-top:]
     fig, ax = plt.subplots(figsize=(7, 0.6 + 0.28 * len(ks)))
     ax.barh([f"{k.id} ({k.primitives} prim.)" for k in ks], [k.predicted_us / 1e3 for k in ks],
@@ -155,16 +155,16 @@ def kernels_chart(kernels: list["DemoKernel"], top: int = 25) -> str:
               loc="lower right", fontsize=8)
     ax.set_xlabel("predicted ms (measured alone)")
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    return png_data_uri(fig)
 
 
-def _table(header: list[str], rows: list[list]) -> str:
+def html_table(header: list[str], rows: list[list]) -> str:
     th = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
+REPORT_CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
 text-align:right}td:first-child,th:first-child{text-align:left}h2{margin-top:1.6em}
 .ok{color:#080;font-weight:bold}.bad{color:#c00;font-weight:bold}img{max-width:100%}
@@ -176,14 +176,14 @@ def demo_report_html(rep: "DemoReport") -> str:
     d, p = rep.device, rep.plan
     ok = '<span class="ok">agree</span>' if rep.agree else '<span class="bad">DISAGREE</span>'
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>tensorplan: {html.escape(rep.model)}</title>"
-             f"<style>{_CSS}</style></head><body>",
+             f"<style>{REPORT_CSS}</style></head><body>",
              f"<h1>tensorplan report: {html.escape(rep.model)}</h1>",
              f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {html.escape(platform.node())} "
              f"({html.escape(platform.processor() or platform.machine())}) by <code>tensorplan demo</code>. "
              "Latencies are medians of interleaved rounds: every system runs once per round, in rotating "
              "order, so load on a shared machine slows all of them alike.</p>",
              "<h2>Model and device</h2>",
-             _table(["", ""], [
+             html_table(["", ""], [
                  ["model", f"{rep.nodes} nodes, {rep.params / 1e6:.2f} M params, {rep.gflops:.2f} GFLOP"],
                  ["device", f"{d.name}: {d.cores} cores, {d.peak_fp32_gflops:.0f} GFLOP/s, "
                             f"{d.mem_bw_gbs:.1f} GB/s (measured)"],
@@ -224,13 +224,13 @@ def demo_report_html(rep: "DemoReport") -> str:
             parts.append(f"<p>Exact rewrites applied before fission: {html.escape(str(p.rewrites))}.</p>")
     parts += ["<h2>Where ONNX Runtime spends its time</h2>",
               f"<img alt='per operator' src='{per_op_chart(rep.per_op)}'>",
-              _table(["operator", "nodes", "ms", "share"],
+              html_table(["operator", "nodes", "ms", "share"],
                      [[o.op, o.count, f"{o.total_ms:.3f}", f"{o.share:.1%}"] for o in rep.per_op])]
     if p and p.kernel_list:
         ks = p.kernel_list
         parts += ["<h2>The plan's kernels</h2>",
                   f"<img alt='kernels' src='{kernels_chart(ks)}'>",
-                  _table(["kernel", "backend", "kind", "primitives", "operators", "predicted µs"],
+                  html_table(["kernel", "backend", "kind", "primitives", "operators", "predicted µs"],
                          [[k.id, k.backend, k.kind, k.primitives, k.ops, f"{k.predicted_us:.1f}"]
                           for k in sorted(ks, key=lambda k: -k.predicted_us)])]
     parts.append("</body></html>")
