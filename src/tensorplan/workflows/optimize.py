@@ -38,6 +38,8 @@ MEASURE_UNTIL = 0.70     # of the budget: lazy measurement stops starting new ro
 # kernel ~0.2-0.3) could make it win, so timing it decides nothing
 RUNNER_UP_MARGIN = 0.25
 MAX_ITERATIONS = 30
+RACE_MIN_SHARE = 0.10      # of the budget left, or the race is skipped (the budget holds)
+INDUCTOR_MIN_SHARE = 0.25  # of the budget left, or the race leaves out the torch.compile finalist
 
 
 @dataclass
@@ -209,9 +211,16 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
                                    "predicted_ms": plan_model.predict(fin, problem.prim) * 1e3,
                                    "measured_ms": result.median_s[name] * 1e3}
 
-    if race:
+    left = deadline - time.perf_counter()
+    if race and left < RACE_MIN_SHARE * budget:
+        say(f"race skipped: {max(left, 0):.0f}s of the budget left; the solver's plan is kept")
+    elif race:
         t0 = time.perf_counter()
-        plan = race_finalists(problem, plan, solve, threads=threads, inductor=True, rounds=_race_rounds(deadline),
+        # Inductor's finalist compiles the whole graph with torch.compile (tens of seconds)
+        inductor = left > INDUCTOR_MIN_SHARE * budget
+        if not inductor:
+            say(f"race without the Inductor finalist: {left:.0f}s of the budget left")
+        plan = race_finalists(problem, plan, solve, threads=threads, inductor=inductor, rounds=_race_rounds(deadline),
                               margin=0.10, burst_s=0.03, feeds=feeds, say=say, on_result=predicted_vs_measured)
         phases["race_s"] = time.perf_counter() - t0
 
