@@ -10,6 +10,7 @@ the prediction for good, and every measurement lands in the store, so a second r
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from tensorplan.ir.graph import Graph
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 # seconds to sample and featurise one schedule of a TIR kernel on one core (meta_schedule draw ~8 ms,
 # its trace ~2 ms, compact AST ~5 ms; candy's 4,976 draws took 76 s cold on the loaded 2-core dev VM)
 SAMPLE_S = 0.015
+MEASURE_CHUNK = 16      # kernels timed between two looks at the deadline
 
 # the backend a kernel runs on when nothing was measured for it (the measured default per kind)
 PREDICTED_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "ort", "region": "ort"}
@@ -164,17 +166,35 @@ class LazyCost:
         return self._meas.get(cand.canonical_hash)
 
     # -- timing what decides -----------------------------------------------------------------
-    def measure(self, prim: Graph, cands: list["Candidate"], progress: bool = False) -> int:
-        """Compile and time the candidates not measured yet (each hash once); returns how many were timed."""
+    def measure(self, prim: Graph, cands: list["Candidate"], progress: bool = False,
+                deadline: float | None = None) -> int:
+        """Compile and time the candidates not measured yet (each hash once); returns how many were timed.
+
+        With a `deadline` (a `time.perf_counter()` value) they are timed in chunks, the kernels
+        predicted slowest first (they decide most), and no chunk starts after it: the caller's
+        budget holds even when a solution has hundreds of unmeasured kernels."""
         todo = [c for c in _unique(cands) if c.canonical_hash not in self._meas]
         if not todo:
             return 0
-        vals = self.measured.cost_many(prim, todo, progress=progress)
-        for c, v in zip(todo, vals):
-            self._meas[c.canonical_hash] = float(v)
-            self._observe(prim, c, float(v))
-        self.stats["measured"] += len(todo)
-        return len(todo)
+        if deadline is None:
+            chunks = [todo]
+        else:
+            todo.sort(key=lambda c: -_finite(self._pred.get(c.canonical_hash)))
+            chunks = [todo[i:i + MEASURE_CHUNK] for i in range(0, len(todo), MEASURE_CHUNK)]
+        from tensorplan.progress import progress_bar
+        done = 0
+        with progress_bar(f"timing {len(todo)} kernels", len(todo), enabled=progress and len(chunks) > 1) as advance:
+            for chunk in chunks:
+                if deadline is not None and done and time.perf_counter() >= deadline:
+                    break
+                vals = self.measured.cost_many(prim, chunk, progress=progress and len(chunks) == 1)
+                for c, v in zip(chunk, vals):
+                    self._meas[c.canonical_hash] = float(v)
+                    self._observe(prim, c, float(v))
+                done += len(chunk)
+                advance(len(chunk))
+        self.stats["measured"] += done
+        return done
 
     def _observe(self, prim: Graph, cand: "Candidate", seconds: float) -> None:
         if math.isfinite(seconds) and not self.predicted.by_tuned(cand):
@@ -188,6 +208,10 @@ class LazyCost:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "top_k": self.top_k, **self.stats, "predicted_by": self.predicted.describe(),
                 "measured_by": self.measured.describe()}
+
+
+def _finite(x: float | None) -> float:
+    return float(x) if x is not None and math.isfinite(x) else 0.0
 
 
 def _unique(cands: list["Candidate"]) -> list["Candidate"]:
