@@ -6,12 +6,15 @@ Per model: fission, candidate enumeration, every unique candidate built with PyT
 fuses a memory-bound candidate into one Triton kernel; linear primitives call cuDNN/cuBLAS) and
 timed on the GPU as CUDA-graph replays (`cost.torch_device`), the BLP, and the plan run as one
 CUDA graph (`runtime.torch_runner`). Baselines on the same GPU in the same interleaved rounds:
-PyTorch eager, `torch.compile` (default, and mode="reduce-overhead", which also replays CUDA
-graphs), plus the ablations greedy fusion and no fusion over the same kernels. Every system's
+PyTorch eager, `torch.compile` (default, mode="max-autotune-no-cudagraphs", and
+mode="reduce-overhead", which also replays CUDA graphs), plus the ablations greedy fusion and no
+fusion over the same kernels. Every system's
 output is checked against ONNX Runtime (CPU) on the same inputs. TF32 is off for every system
 (fp32 results comparable to 1e-4). The roofline bound uses the GPU's fp32 peak and bandwidth
 measured in the same run. Results are written after each model, and a rerun skips models
 already in the file (`--force` redoes them). Needs a CUDA GPU; elsewhere it says so and skips.
+`--device cpu` runs the same protocol on this CPU (no CUDA graphs; a dry run of the script, not
+a GPU result: bench/gpu_step2_korch.py run --dry-run).
 `--merge A.json B.json` folds result files fetched from GPU machines into --out (no GPU needed).
 """
 from __future__ import annotations
@@ -33,10 +36,15 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def gpu_peaks() -> dict:
+def gpu_peaks(device: str = "cuda") -> dict:
     """fp32 (no TF32) matmul GFLOP/s and device-to-device copy GB/s (read + write), measured now."""
     import torch
     from tensorplan.cost.torch_device import cuda_graph_timer
+    if device != "cuda":
+        from tensorplan.devices import resolve
+        spec = resolve("local")
+        return {"fp32_matmul_gflops": spec.peak_fp32_gflops, "copy_gbs": spec.mem_bw_gbs,
+                "method": "tensorplan.devices 'local' (this CPU's measured GEMM and bandwidth)"}
     n = 8192
     a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
     mm = cuda_graph_timer(lambda: torch.mm(a, b), calls=3, budget_s=0.3)
@@ -47,11 +55,15 @@ def gpu_peaks() -> dict:
             "method": "torch.mm 8192^3 fp32 (TF32 off) and a 1 GiB copy_, CUDA-graph replays, median"}
 
 
-def machine() -> dict:
+def machine(device: str = "cuda") -> dict:
     import subprocess
 
     import onnxruntime
     import torch
+    if device != "cuda":
+        return {"gpu": None, "device": "cpu (dry run)", "cpu": platform.processor() or platform.machine(),
+                "platform": platform.platform(), "python": platform.python_version(), "nproc": os.cpu_count(),
+                "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__}}
     import triton
     p = torch.cuda.get_device_properties(0)
     try:
@@ -64,6 +76,22 @@ def machine() -> dict:
             "platform": platform.platform(), "python": platform.python_version(), "nproc": os.cpu_count(),
             "versions": {"torch": torch.__version__, "triton": triton.__version__,
                          "onnxruntime": onnxruntime.__version__}}
+
+
+def costs_path(folder: str | Path, name: str) -> Path:
+    return Path(folder) / f"korch_gpu_costs_{name}.json"
+
+
+def load_costs(folder: str | Path | None, name: str, gpu: str | None) -> dict[str, float]:
+    """Candidate latencies (canonical hash -> seconds) timed on a GPU of the same name in an earlier
+    call (bench/gpu_step2_korch.py profiles a large model over several calls); {} if none."""
+    if not folder or not costs_path(folder, name).exists():
+        return {}
+    doc = json.loads(costs_path(folder, name).read_text())
+    if doc.get("gpu") != gpu:
+        log(f"{name}: {costs_path(folder, name)} was timed on {doc.get('gpu')}, not {gpu}: not used")
+        return {}
+    return {k: float(v) for k, v in doc["costs"].items()}
 
 
 def bench_model(name: str, args, peaks: dict) -> dict:
@@ -85,8 +113,11 @@ def bench_model(name: str, args, peaks: dict) -> dict:
     res["roofline"] = {"gflops": flops / 1e9, "min_mbytes": mbytes / 1e6, "bound_ms": roof_ms}
     log(f"{name}: {len(g.nodes)} ops, {flops / 1e9:.2f} GFLOP, {mbytes / 1e6:.1f} MB, roofline {roof_ms:.3f} ms")
 
-    spec = resolve("cuda")
-    cm = TorchDeviceCost("cuda", jobs=args.jobs, log=log)
+    dev = args.device
+    spec = resolve("cuda" if dev == "cuda" else "local")
+    cm = TorchDeviceCost(dev, jobs=args.jobs, log=log)
+    cm.cache.update(load_costs(args.costs, name, machine(dev)["gpu"]))
+    res["costs_preloaded"] = len(cm.cache)
     plans = {}
     for key, method in (("tensorplan", "blp"), ("greedy", "greedy"), ("no-fusion", "none")):
         plans[key] = orchestrate(name, device=spec, cost=cm, regions=False, max_nodes=args.max_nodes,
@@ -106,8 +137,8 @@ def bench_model(name: str, args, peaks: dict) -> dict:
     ref = sess.run(None, {i.name: feeds_np[i.name] for i in sess.get_inputs()})
 
     module, _ = zoo.build_torch(name)
-    module = module.cuda().eval()
-    dev_inputs = tuple(x.cuda() for x in inputs)
+    module = module.to(dev).eval()
+    dev_inputs = tuple(x.to(dev) for x in inputs)
 
     def first(out):
         o = out[0] if isinstance(out, (tuple, list)) else (next(iter(out.values())) if isinstance(out, dict) else out)
@@ -117,13 +148,15 @@ def bench_model(name: str, args, peaks: dict) -> dict:
     with torch.inference_mode():
         runners["pytorch"] = lambda: module(*dev_inputs)
         errors["pytorch"] = rel_error(first(module(*dev_inputs)), ref[0])
-        for key, mode in (("torch.compile", None), ("torch.compile-cudagraphs", "reduce-overhead")):
+        for key, mode in (("torch.compile", None), ("torch.compile-max-autotune", "max-autotune-no-cudagraphs"),
+                          ("torch.compile-cudagraphs", "reduce-overhead")):
             t0 = time.perf_counter()
             try:
                 cmod = torch.compile(module, mode=mode) if mode else torch.compile(module)
                 for _ in range(3):
                     out = cmod(*dev_inputs)
-                torch.cuda.synchronize()
+                if dev == "cuda":
+                    torch.cuda.synchronize()
                 build[key] = time.perf_counter() - t0
                 errors[key] = rel_error(first(out), ref[0])
                 runners[key] = (lambda c: (lambda: c(*dev_inputs)))(cmod)
@@ -131,10 +164,10 @@ def bench_model(name: str, args, peaks: dict) -> dict:
                 errors[key] = f"{type(e).__name__}: {str(e)[:300]}"
     prim = plans["tensorplan"].primitive_graph()
     for key, p in plans.items():
-        for graph in (True, False) if key == "tensorplan" else (True,):
-            label = key if graph else f"{key} (no CUDA graph)"
+        for graph in ((True, False) if key == "tensorplan" else (True,)) if dev == "cuda" else (False,):
+            label = key if graph or dev != "cuda" else f"{key} (no CUDA graph)"
             t0 = time.perf_counter()
-            r = TorchPlanRunner(p, prim, device="cuda", cuda_graph=graph)
+            r = TorchPlanRunner(p, prim, device=dev, cuda_graph=graph)
             r.bind(feeds_np)
             out = r.outputs_numpy(r.replay())
             build[label] = time.perf_counter() - t0
@@ -144,6 +177,9 @@ def bench_model(name: str, args, peaks: dict) -> dict:
         ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}" for k, v in errors.items()))
 
     def synced(fn):
+        if dev != "cuda":
+            return fn
+
         def run():
             fn()
             torch.cuda.synchronize()
@@ -157,7 +193,8 @@ def bench_model(name: str, args, peaks: dict) -> dict:
     res["rounds_ms"] = {k: [x * 1e3 for x in v] for k, v in times.items()}
     res["max_rel_err_vs_ort"] = errors
     res["build_s"] = build
-    base = [k for k in ("pytorch", "torch.compile", "torch.compile-cudagraphs") if k in med]
+    base = [k for k in ("pytorch", "torch.compile", "torch.compile-max-autotune", "torch.compile-cudagraphs")
+            if k in med]
     best = min(base, key=med.get)
     res["best_baseline"] = best
     res["speedup_vs_best_baseline"] = med[best] / med["tensorplan"]
@@ -206,6 +243,8 @@ def merge(out: Path, files: list[str]) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["candy", "efficientvit-b1"])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: the same protocol on this CPU, a dry run of the script (no GPU result)")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--burst-s", type=float, default=0.05)
     ap.add_argument("--max-nodes", type=int, default=8)
@@ -213,13 +252,15 @@ def main(argv=None) -> int:
                     help="processes that pre-compile candidates (Inductor caches)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "korch_gpu.json"))
     ap.add_argument("--force", action="store_true", help="redo models already in --out")
+    ap.add_argument("--costs", metavar="DIR",
+                    help="candidate timings of earlier calls on this GPU (DIR/korch_gpu_costs_MODEL.json)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="no measuring: fold these result files' models into --out and re-summarize")
     args = ap.parse_args(argv)
     if args.merge:
         return merge(Path(args.out), args.merge)
     import torch
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("korch_gpu: skipped, no CUDA GPU here (the CPU results come from korch_bench.py)")
         return 0
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -227,10 +268,10 @@ def main(argv=None) -> int:
     torch.set_float32_matmul_precision("highest")
     out = Path(args.out)
     doc = json.loads(out.read_text()) if out.exists() else {}
-    doc["machine"] = machine()
-    doc["peaks"] = gpu_peaks()
+    doc["machine"] = machine(args.device)
+    doc["peaks"] = gpu_peaks(args.device)
     doc["command"] = "bench/korch_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    log(f"{doc['machine']['gpu']}: fp32 {doc['peaks']['fp32_matmul_gflops'] / 1e3:.1f} TFLOP/s, "
+    log(f"{doc['machine']['gpu'] or doc['machine']['device']}: fp32 {doc['peaks']['fp32_matmul_gflops'] / 1e3:.1f} TFLOP/s, "
         f"copy {doc['peaks']['copy_gbs']:.0f} GB/s")
     models = doc.setdefault("models", {})
     for name in args.models:

@@ -22,7 +22,7 @@ ROOT = "tensorplan"
 LAYERS = {
     "errors": 0, "paths": 0, "progress": 0, "forkmap": 0,
     "ir": 1, "devices": 1,
-    "zoo": 2, "measure": 2,
+    "zoo": 2, "measure": 2, "precision": 2,
     "rewrite": 3, "kernels": 3,
     "korch": 4,
     "cdmpp": 5,

@@ -41,6 +41,7 @@ _LAZY = {
     "orchestrate": ("tensorplan.workflows.orchestrate", "orchestrate"),
     "optimize": ("tensorplan.workflows.optimize", "optimize"),
     "OptimizeSummary": ("tensorplan.workflows.optimize", "OptimizeSummary"),
+    "PrecisionSearch": ("tensorplan.workflows.precision_search", "PrecisionSearch"),
     "Plan": ("tensorplan.runtime.plan", "Plan"),
     "load_plan": ("tensorplan.runtime.plan", "load_plan"),
     "RunResult": ("tensorplan.runtime.executor", "RunResult"),

@@ -154,6 +154,11 @@ def init_pool(max_threads: int) -> None:
     if int(num()) != max_threads:
         raise TensorplanError(f"TVM's runtime pool has {int(num())} thread(s), need {max_threads}: it was used "
                               f"before in this process; start a fresh process with TVM_NUM_THREADS={max_threads}")
+    global _POOL_THREADS
+    _POOL_THREADS = max_threads
+
+
+_POOL_THREADS = 0       # the size `init_pool` created TVM's runtime pool with in this process (0: not yet)
 
 
 
@@ -211,6 +216,7 @@ class CollectStats:
     too_slow: int = 0
     skipped_done: int = 0
     seconds: float = 0.0
+    lost: int = 0               # programs whose job the cluster could not finish (left for the next run)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -286,7 +292,7 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
             batch: int = 4, min_repeat_s: float = 2e-5, repeats: int = 15, max_kernel_s: float = 0.1,
             max_task_flops: float | None = None, min_task_flops: float | None = None,
             exclude: set[tuple[str, int]] | None = None, progress: bool = True, prefix: str | None = None,
-            log: Callable[[str], None] | None = None) -> CollectStats:
+            log: Callable[[str], None] | None = None, ray_address: str | None = None) -> CollectStats:
     """Sample, compile and time programs for every task of `networks`; resumable.
 
     Round-robin over tasks, `batch` programs per task per visit, so stopping early (budget or
@@ -294,13 +300,21 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     `prefix` names the records' domains `<prefix>-<N>t` instead of `local-<N>t` (`local_specs`).
     `exclude` holds (task key, sample index) pairs not to sample (`timed_programs` of an export):
     with a larger `max_kernel_s`, a pass over what the dataset skipped as too slow.
+
+    Each visit is a job (`collect_programs`); `ray_address` runs the jobs on that Ray cluster,
+    one per thread domain (device `local-<N>t`) on a worker offering it, and writes their records
+    here as they come back (`measure.cluster`); the programs are the same, each record says which
+    worker timed it. A visit the cluster could not finish is counted `lost` and left for the next run.
     """
+    from tensorplan.measure.cluster import ClusterJob, job_runner
     threads = sorted({int(t) for t in threads})
-    # TVM sizes its runtime pool from TVM_NUM_THREADS (default here: 1) when first used; create it
-    # with the largest thread count by running a parallel kernel before anything configures it.
-    init_pool(max(threads))
+    runner = job_runner(ray_address)
+    if runner.kind == "in-process":
+        # TVM sizes its runtime pool from TVM_NUM_THREADS (default here: 1) when first used; create it
+        # with the largest thread count by running a parallel kernel before anything configures it.
+        init_pool(max(threads))
     specs = local_specs(threads, prefix)
-    import tvm
+    runner.check_devices(list(specs.values()))
     from tensorplan.measure.store import Store
     from tensorplan.cdmpp.tasks import DEFAULT_NETWORKS
 
@@ -316,17 +330,26 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     if min_task_flops:
         tasks = [t for t in tasks if t.flops >= min_task_flops]
     exclude = exclude or set()
-    target = tvm.target.Target({"kind": "llvm", "num-cores": max(threads)})
     job = st.job(JOB if prefix is None else f"{JOB}-{prefix}")
     done = job.done_keys()
     stats = CollectStats()
-    states: dict[str, _TaskState | None] = {}
     total = sum(1 for t in tasks for i in range(programs_per_task) if (t.key, i) not in exclude)
     n_done0 = sum(1 for t in tasks for i in range(programs_per_task)
                   if f"{t.key}:{i}" in done and (t.key, i) not in exclude)
     stats.skipped_done = n_done0
     log(f"collect: {len(tasks)} tasks from {len(networks)} networks; {programs_per_task} programs/task; "
-        f"threads {threads}; {n_done0}/{total} already done; store {st.path}")
+        f"threads {threads}; {n_done0}/{total} already done; store {st.path}"
+        + (f"; jobs on the Ray cluster at {ray_address}" if runner.kind == "ray" else ""))
+    # in-process one job times a program at every thread count (one binary); on a cluster each
+    # thread domain is its own device, timed by a worker that offers it
+    groups = [tuple(threads)] if runner.kind == "in-process" else [(t,) for t in threads]
+    if runner.kind == "in-process":
+        _TASKS.update({t.key: t for t in tasks})     # the jobs find them here instead of parsing scripts
+    scripts: dict[str, str] = {}
+    run_id = f"{os.getpid()}-{time.time_ns()}"        # workers rebuild task states once per run
+    tally: dict[tuple[str, tuple], list[int]] = {}    # (task, group) -> [programs measured, too slow]
+    dead: set[str] = set()                             # tasks given up (no design space / all too slow)
+    timer = dict(min_repeat_s=min_repeat_s, max_kernel_s=max_kernel_s, repeats=repeats)
 
     prog_bar = None
     if progress:
@@ -336,64 +359,188 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
         prog_bar.start()
         bar = prog_bar.add_task("collect", total=total, completed=n_done0, info="")
     last_log = time.time()
+    waiting: dict[str, list] = {}       # item -> [thread groups whose outcome has not come back, any records?]
     try:
         for start in range(0, programs_per_task, batch):
+            if deadline and time.time() > deadline:
+                raise _Budget()
+            jobs: list = []
             for task in tasks:
-                if deadline and time.time() > deadline:
-                    raise _Budget()
                 todo = [i for i in range(start, min(start + batch, programs_per_task))
                         if f"{task.key}:{i}" not in done and (task.key, i) not in exclude]
                 if not todo:
                     continue
-                state = states.get(task.key, 0)
-                if state == 0:
-                    try:
-                        state = states[task.key] = _TaskState(task, target)
-                        if not state.spaces:
-                            state = states[task.key] = None
-                    except Exception as e:  # noqa: BLE001
-                        log(f"task {task.name} ({task.key}): no design space: {e}")
-                        state = states[task.key] = None
-                for i in todo:
-                    item = f"{task.key}:{i}"
-                    if state is not None and state.slow >= 4 and state.ok == 0:
-                        state.release()                  # every program so far too slow: give up the task
-                        state = states[task.key] = None
-                    if state is None:
-                        job.mark_done(item)
-                        stats.failed_sample += 1
-                        continue
-                    rows = _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s,
-                                        max_kernel_s, repeats)
+                if task.key in dead:
                     with st.transaction():
-                        if rows is not None:
-                            payload, meas = rows
-                            pk = st.put_program(PROGRAM_KIND, payload)
-                            st.put_measurements([(pk, dk, tm, TAG, ex) for dk, tm, ex in meas])
-                            stats.records += len(meas)
-                            stats.programs += 1
-                        job.mark_done(item)
-                    done.add(item)
-                if state is not None:
-                    state.release()
-                    if prog_bar is not None:
-                        el = time.time() - t_start
-                        prog_bar.update(bar, advance=1, info=f"{stats.records} rec, {stats.records / el:.2f} rec/s")
-                    if time.time() - last_log > 60:
-                        last_log = time.time()
-                        el = time.time() - t_start
-                        log(f"[{el / 60:.1f} min] programs {stats.programs} records {stats.records} "
-                            f"({stats.records / el:.2f} rec/s) failed sample/build/slow "
-                            f"{stats.failed_sample}/{stats.failed_build}/{stats.too_slow}; "
-                            f"done {n_done0 + stats.programs + stats.failed_sample}/{total}")
+                        for i in todo:
+                            job.mark_done(f"{task.key}:{i}")
+                            done.add(f"{task.key}:{i}")
+                    stats.failed_sample += len(todo)
+                    continue
+                if runner.kind == "ray" and task.key not in scripts:
+                    scripts[task.key] = task.script()
+                for g in groups:
+                    ok0, slow0 = tally.setdefault((task.key, g), [0, 0])
+                    pj = ProgramsJob(task.key, task.name, scripts.get(task.key, ""), float(task.flops), tuple(todo),
+                                     g, max(threads), timer["min_repeat_s"], timer["max_kernel_s"],
+                                     timer["repeats"], ok0, slow0, run_id)
+                    jobs.append(ClusterJob(collect_programs, (pj,), label=f"task {task.name} ({task.key}) "
+                                           f"programs {todo[0]}..{todo[-1]} at {','.join(map(str, g))} thread(s)",
+                                           device=specs[g[0]] if len(g) == 1 else None))
+                for i in todo:
+                    waiting[f"{task.key}:{i}"] = [set(groups), False]
+            for r in runner.run(jobs):
+                pj = jobs[r.index].args[0]
+                if not r.ok:
+                    stats.lost += len(pj.indices)
+                    log(f"collect: {r.label}: {r.error}; left for the next run")
+                    continue
+                finished = _record_programs(st, job, stats, pj, r, dev_keys, waiting, tally, dead, log)
+                done.update(finished)
+                if prog_bar is not None and finished:
+                    el = time.time() - t_start
+                    prog_bar.update(bar, advance=len(finished),
+                                    info=f"{stats.records} rec, {stats.records / el:.2f} rec/s")
+                if time.time() - last_log > 60:
+                    last_log = time.time()
+                    el = time.time() - t_start
+                    log(f"[{el / 60:.1f} min] programs {stats.programs} records {stats.records} "
+                        f"({stats.records / el:.2f} rec/s) failed sample/build/slow "
+                        f"{stats.failed_sample}/{stats.failed_build}/{stats.too_slow}; "
+                        f"done {n_done0 + stats.programs + stats.failed_sample}/{total}")
+                if deadline and time.time() > deadline:
+                    raise _Budget()
     except _Budget:
         log("collect: time budget reached; stopping (resume by running the same command)")
     finally:
         if prog_bar is not None:
             prog_bar.stop()
         stats.seconds = time.time() - t_start
+        runner.close()
+        if runner.kind == "in-process":
+            _TASKS.clear()
+            _STATES.clear()
     log(f"collect: {json.dumps(stats.to_dict())}")
     return stats
+
+
+def _record_programs(st, job, stats: CollectStats, pj: "ProgramsJob", r, dev_keys: dict, waiting: dict,
+                     tally: dict, dead: set, log: Callable[[str], None]) -> list[str]:
+    """Write what one `collect_programs` job returned: each timed program and its records, and mark
+    each item done, in one transaction, once every thread group's outcome for it is in. Returns
+    the items finished."""
+    tl = tally[(pj.task_key, pj.threads)]
+    finished = []
+    with st.transaction():
+        for oc in r.value:
+            item = f"{pj.task_key}:{oc.index}"
+            w = waiting.get(item)
+            if oc.status == "ok":
+                extra = dict(oc.extra)
+                if r.worker != "in-process":
+                    extra["worker"] = r.worker              # which machine timed it
+                pk = st.put_program(PROGRAM_KIND, oc.payload)
+                st.put_measurements([(pk, dev_keys[t], oc.timings[t], TAG, extra) for t in pj.threads])
+                stats.records += len(pj.threads)
+                if w is not None and not w[1]:
+                    stats.programs += 1                      # the program's first records
+                    w[1] = True
+                tl[0] += 1
+            elif oc.status == "too_slow":
+                stats.too_slow += 1
+                tl[1] += 1
+            elif oc.status == "failed_build":
+                stats.failed_build += 1
+            else:                                            # failed_sample, no_space, gave_up
+                stats.failed_sample += 1
+                if oc.status in ("no_space", "gave_up") and pj.task_key not in dead:
+                    dead.add(pj.task_key)
+                    if oc.note:
+                        log(f"task {pj.task_name} ({pj.task_key}): {oc.note}")
+            if w is not None:
+                w[0].discard(pj.threads)
+                if not w[0]:
+                    del waiting[item]
+                    job.mark_done(item)
+                    finished.append(item)
+    return finished
+
+
+@dataclass(frozen=True)
+class ProgramsJob:
+    """One `collect` job: sample, compile and time programs `indices` of one task at `threads`
+    (the task travels as its TVMScript; empty where this process already holds the task)."""
+
+    task_key: str
+    task_name: str
+    task_script: str
+    task_flops: float
+    indices: tuple[int, ...]
+    threads: tuple[int, ...]        # timed in this job
+    pool_threads: int               # TVM runtime pool of the run (its largest thread count)
+    min_repeat_s: float
+    max_kernel_s: float
+    repeats: int
+    ok0: int = 0                    # the task's programs measured / too slow before this job (give-up rule)
+    slow0: int = 0
+    run: str = ""                   # the collect run: a worker keeps task states for one run only
+
+
+@dataclass
+class ProgramOutcome:
+    """What became of program `index`: status "ok" (payload, timings per thread count, extra),
+    "failed_sample", "failed_build", "too_slow", "no_space" or "gave_up" (with a note)."""
+
+    index: int
+    status: str
+    payload: dict | None = None
+    timings: dict | None = None
+    extra: dict | None = None
+    note: str = ""
+
+
+_TASKS: dict[str, Any] = {}     # task key -> Task this process already holds (in-process collect)
+_STATES: dict[str, Any] = {}    # task key -> its _TaskState (None: no design space), built once per run
+_STATES_RUN: list[str] = [""]   # the run `_STATES` belongs to
+
+
+def collect_programs(pj: ProgramsJob) -> list[ProgramOutcome]:
+    """The job behind `collect` (pure: its outcomes depend only on `pj`): per program index, sample
+    the schedule (seeded by task and index), compile once, time at each of `pj.threads`. A task
+    whose first programs are all too slow is given up, as is one without a design space."""
+    import tvm
+    from tensorplan.cdmpp.tasks import task_from_script
+    if _POOL_THREADS != pj.pool_threads:
+        init_pool(pj.pool_threads)
+    if _STATES_RUN[0] != pj.run:                       # a new run: the last run's states go
+        _STATES.clear()
+        _STATES_RUN[0] = pj.run
+    target = tvm.target.Target({"kind": "llvm", "num-cores": pj.pool_threads})
+    note = ""
+    if pj.task_key not in _STATES:
+        try:
+            task = _TASKS.get(pj.task_key) or task_from_script(pj.task_key, pj.task_name, pj.task_script, {},
+                                                                pj.task_flops)
+            state = _TaskState(task, target)
+            _STATES[pj.task_key] = state if state.spaces else None
+            note = "" if state.spaces else "no design space"
+        except Exception as e:  # noqa: BLE001
+            _STATES[pj.task_key] = None
+            note = f"no design space: {e}"
+    state = _STATES[pj.task_key]
+    if state is None:
+        return [ProgramOutcome(i, "no_space", note=note or "no design space") for i in pj.indices]
+    state.ok, state.slow = pj.ok0, pj.slow0
+    out = []
+    try:
+        for i in pj.indices:
+            if state.slow >= 4 and state.ok == 0:          # every program so far too slow: give up the task
+                out.append(ProgramOutcome(i, "gave_up", note="its first programs were all too slow"))
+                continue
+            out.append(_one_program(state, i, target, pj.threads, pj.min_repeat_s, pj.max_kernel_s, pj.repeats))
+    finally:
+        state.release()
+    return out
 
 
 class _Budget(Exception):
@@ -412,39 +559,35 @@ def timed_programs(path: str | Path) -> set[tuple[str, int]]:
     return set(zip(t["task_key"].astype(str), t["index"].astype(int)))
 
 
-def _one_program(state, i, target, threads, dev_keys, stats, min_repeat_s, max_kernel_s, repeats):
+def _one_program(state, i, target, threads, min_repeat_s, max_kernel_s, repeats) -> ProgramOutcome:
     import tvm
     t0 = time.perf_counter()
     r = sample_schedule(state, i)
     if r is None:
-        stats.failed_sample += 1
-        return None
+        return ProgramOutcome(i, "failed_sample")
     sch, space = r
     t1 = time.perf_counter()
     try:
         lib = tvm.compile(sch.mod, target=target)
         lib = lib.jit() if hasattr(lib, "jit") else lib
     except Exception:  # noqa: BLE001
-        stats.failed_build += 1
-        return None
+        return ProgramOutcome(i, "failed_build")
     t2 = time.perf_counter()
     try:
         timings = _time_lib(lib, state.args(), threads, min_repeat_s=min_repeat_s,
                             max_kernel_s=max_kernel_s, repeats=repeats)
     except Exception:  # noqa: BLE001 - runtime failure of a random schedule
-        stats.failed_build += 1
-        return None
+        return ProgramOutcome(i, "failed_build")
     t3 = time.perf_counter()
     if isinstance(timings, str):
-        stats.too_slow += 1
         state.slow += 1
-        return None
+        return ProgramOutcome(i, "too_slow", note=timings)
     state.ok += 1
     payload = {"task_key": state.task.key, "index": i, "space": space, "seed": _seed(state.task.key, i),
                "trace": trace_json(sch)}
     extra = {"sample_s": round(t1 - t0, 4), "build_s": round(t2 - t1, 4), "time_s": round(t3 - t2, 4),
              "timer": TIMER_VERSION}
-    return payload, [(dev_keys[t], timings[t], extra) for t in threads]
+    return ProgramOutcome(i, "ok", payload, dict(timings), extra)
 
 
 def time_trace(task, trace, target, threads: Sequence[int], **timer) -> dict[int, Any] | str:
@@ -455,6 +598,40 @@ def time_trace(task, trace, target, threads: Sequence[int], **timer) -> dict[int
     except Exception:  # noqa: BLE001 - one broken program must not stop the run
         return "failed"
     return time_module(sch.mod, task, target, threads, **timer)
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """Re-time one stored program (`time_trace`) as a job that can run elsewhere: the task as its
+    TVMScript, the schedule trace, the thread count and the timer's settings."""
+
+    task_key: str
+    task_name: str
+    task_script: str
+    task_flops: float
+    trace: Any
+    threads: int
+    min_repeat_s: float = 2e-5
+    repeats: int = 15
+    max_kernel_s: float = 1.0
+
+
+_TRACE_TASKS: dict[str, Any] = {}   # task key -> Task rebuilt from its script in this process
+
+
+def time_trace_job(j: TraceJob) -> dict[int, Any] | str:
+    """`time_trace` of the job's program at its thread count (TVM's pool created at that count
+    first, `init_pool`); the job's task is parsed once per process."""
+    import tvm
+    from tensorplan.cdmpp.tasks import task_from_script
+    if _POOL_THREADS != j.threads:
+        init_pool(j.threads)
+    task = _TRACE_TASKS.get(j.task_key)
+    if task is None:
+        task = _TRACE_TASKS[j.task_key] = task_from_script(j.task_key, j.task_name, j.task_script, {}, j.task_flops)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": j.threads})
+    return time_trace(task, j.trace, target, [j.threads], min_repeat_s=j.min_repeat_s, repeats=j.repeats,
+                      max_kernel_s=j.max_kernel_s)
 
 
 def time_module(mod, task, target, threads: Sequence[int], **timer) -> dict[int, Any] | str:

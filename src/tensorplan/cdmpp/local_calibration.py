@@ -15,7 +15,6 @@ correction only adds noise, and the check declines it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import re
 import time
@@ -119,7 +118,8 @@ def held_out_check(make: Callable[[], "object"], samples, baseline_pred: np.ndar
 def calibrate_here(threads: int | None = None, *, n_tasks: int = 40, per_task: int = 4, data=None, model=None,
                    out: str | Path | None = None, exclude_networks: Sequence[str] = (), seed: int = 0,
                    max_mad: float = MAX_MAD, force: bool = False,
-                   progress: bool = True, log: Callable[[str], None] | None = None) -> LocalCalibration:
+                   progress: bool = True, log: Callable[[str], None] | None = None,
+                   ray_address: str | None = None) -> LocalCalibration:
     """Time `n_tasks` x `per_task` dataset programs here at `threads` threads (default: every usable
     core, what `predict(device="local")` predicts) and fit a correction.
 
@@ -127,20 +127,26 @@ def calibrate_here(threads: int | None = None, *, n_tasks: int = 40, per_task: i
     calibrated model on kernels the calibration never timed). The model is saved to `out` (default
     `local_model_path(threads)`) when, on tasks it was not fitted on, it beats the model as
     `predict` uses it here (`held_out_check`), or when `force`; otherwise nothing is saved (and a
-    stale calibration at `out` is removed), so `predict` keeps the uncalibrated model."""
-    import tvm
+    stale calibration at `out` is removed), so `predict` keeps the uncalibrated model.
+    `ray_address`: the programs are timed on that Ray cluster's workers offering this CPU at
+    `threads` threads (the same DeviceSpec identity, `measure.cluster`), not here."""
+    from tensorplan.devices import resolve
+    from tensorplan.measure.cluster import ClusterJob, job_runner
 
     from tensorplan.cdmpp.arrays import as_arrays, device_features
     from tensorplan.cdmpp.base import load_estimator
     from tensorplan.cdmpp.calibrate import Calibrated
-    from tensorplan.cdmpp.dataset import init_pool, load_dataset, mad_rel, time_trace
+    from tensorplan.cdmpp.dataset import TraceJob, init_pool, load_dataset, mad_rel, time_trace_job
     from tensorplan.cdmpp.finetune import programs_of_tasks, select_tasks_kmeans
     from tensorplan.cdmpp.metrics import regression_metrics
     from tensorplan.cdmpp.model import load_shipped
-    from tensorplan.cdmpp.tasks import task_from_script
 
     threads = local_threads("local" if threads is None else f"local-{threads}t")   # checked against this CPU
-    init_pool(threads)          # first, before anything configures TVM's runtime pool
+    runner = job_runner(ray_address)
+    spec = resolve(f"local-{threads}t")
+    runner.check_devices([spec])
+    if runner.kind == "in-process":
+        init_pool(threads)      # first, before anything configures TVM's runtime pool
     # the correction starts from the collection CPU's records at the most threads up to this count
     # (the dataset's local-<N>t domains); it learns the device and thread-count shift from there
     stable = load_dataset(data).filter_stable(max_cov=0.01, metric="mad")
@@ -158,21 +164,26 @@ def calibrate_here(threads: int | None = None, *, n_tasks: int = 40, per_task: i
     arr = as_arrays(ds)
     tasks = select_tasks_kmeans(arr, min(n_tasks, len(np.unique(arr.task_key))), seed=seed)
     idx = programs_of_tasks(arr, tasks, per_task, seed)
-    target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
     rows = ds.tasks.set_index("task_key")
 
-    @functools.lru_cache(maxsize=None)
-    def task_of(tk: str):
+    def job(i: int) -> ClusterJob:
+        tk = str(arr.task_key[i])
         r = rows.loc[tk]
-        return task_from_script(tk, r["task_name"], r["script"], dict(r["networks"]), r["flops"])
+        tj = TraceJob(tk, str(r["task_name"]), str(r["script"]), float(r["flops"]), arr.trace[i], threads,
+                      min_repeat_s=2e-5, repeats=15, max_kernel_s=1.0)
+        return ClusterJob(time_trace_job, (tj,), label=f"program {i} of task {r['task_name']} ({tk})", device=spec)
 
     lat = np.full(len(idx), np.nan)
     skipped = {"failed": 0, "too_slow": 0, "unstable": 0}
     t0 = time.perf_counter()
-    with progress_bar(f"time {len(idx)} programs here", len(idx), progress) as advance:
-        for j, i in enumerate(idx):
-            r = time_trace(task_of(str(arr.task_key[i])), arr.trace[i], target, [threads],
-                           min_repeat_s=2e-5, repeats=15, max_kernel_s=1.0)
+    where = "here" if runner.kind == "in-process" else "on the cluster"
+    with progress_bar(f"time {len(idx)} programs {where}", len(idx), progress) as advance:
+        jobs = [job(i) for i in idx]
+        for res in runner.run(jobs):
+            j, i = res.index, idx[res.index]
+            r = res.value if res.ok else "failed"
+            if not res.ok and log:
+                log(f"calibrate: {res.label}: {res.error}")
             if isinstance(r, str):          # no longer replays / builds / runs, or too slow
                 skipped["failed" if r == "failed" else "too_slow"] += 1
             elif mad_rel(r[threads].repeats) > max_mad:    # the dataset's robust stability measure
@@ -180,6 +191,7 @@ def calibrate_here(threads: int | None = None, *, n_tasks: int = 40, per_task: i
             else:
                 lat[j] = r[threads].median_s
             advance()
+    runner.close()
     ok = np.isfinite(lat)
     if ok.sum() < 8:
         raise TensorplanError(f"calibrate: only {int(ok.sum())} of {len(idx)} programs were timed stably here "
@@ -217,7 +229,7 @@ def calibrate_here(threads: int | None = None, *, n_tasks: int = 40, per_task: i
     else:
         dest.unlink(missing_ok=True)        # a stale calibration would be picked up by predict
     if log:
-        log(f"calibrated on {res.n_timed} programs of {len(tasks)} tasks timed here: this CPU runs them "
+        log(f"calibrated on {res.n_timed} programs of {len(tasks)} tasks timed {where}: this CPU runs them "
             f"{res.here_vs_source_median_ratio:.2f}x the collection CPU's time (median){_held_out_text(check)}; "
             + (f"saved {res.path}" if res.installed else
                "not installed: the model already predicts this CPU better without it, and `predict` keeps it "

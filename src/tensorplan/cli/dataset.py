@@ -32,6 +32,11 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
             exclude_data: Optional[Path] = typer.Option(
                 None, "--exclude-data", help="Skip programs this export timed (with a larger --max-kernel-ms: "
                                              "time the big programs it skipped as too slow)."),
+            ray_address: Optional[str] = typer.Option(
+                None, "--ray-address", help="Time on this Ray cluster: each thread count's programs on a worker "
+                                            "offering that device (`tensorplan devices --ray-resources` there, "
+                                            "`ray start --resources`); 'auto': the cluster this machine belongs "
+                                            "to. Records land in this machine's store."),
             json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
             no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (for logs).")) -> None:
     """Sample schedules of every fused kernel, compile once, time at each thread count; resumable."""
@@ -46,14 +51,15 @@ def collect(networks: Optional[str] = typer.Option(None, "--networks", help="Com
     st = _collect(nets, programs_per_task=programs_per_task, threads=ths, store=store,
                   budget_minutes=budget_minutes, batch=batch, max_kernel_s=max_kernel_ms / 1e3,
                   min_task_flops=min_task_flops, exclude=timed_programs(exclude_data) if exclude_data else None,
-                  progress=not no_progress, prefix=prefix)
+                  progress=not no_progress, prefix=prefix, ray_address=ray_address)
     d = st.to_dict()
     if json_out:
         print(json.dumps(d, indent=1))
     else:
         Console().print(f"collected {d['programs']} programs, {d['records']} records in {d['seconds']:.0f} s "
                         f"({d['records_per_s']:.2f} records/s); failed sample/build/too slow "
-                        f"{d['failed_sample']}/{d['failed_build']}/{d['too_slow']}")
+                        f"{d['failed_sample']}/{d['failed_build']}/{d['too_slow']}"
+                        + (f"; {d['lost']} programs lost on the cluster (rerun to time them)" if d["lost"] else ""))
 
 
 @dataset_app.command("remeasure")

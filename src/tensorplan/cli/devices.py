@@ -14,30 +14,46 @@ from rich.table import Table
 def register(app: typer.Typer) -> None:
     @app.command("devices")
     def devices(
-        json_out: bool = typer.Option(False, "--json", help="Print JSON (local devices and catalog)."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON (local devices, the precisions each runs "
+                                      "natively, and the catalog)."),
         refresh: bool = typer.Option(False, "--refresh", help="Re-measure bandwidth and GEMM FLOP/s of this CPU."),
         local_only: bool = typer.Option(False, "--local", help="Only this machine's devices."),
         quick: bool = typer.Option(False, "--quick", help="Tiny probes (well under a second, less accurate) "
                                    "when nothing is cached yet."),
         save: Path = typer.Option(None, "--save", help="Also write this CPU's spec ('local') to this JSON file; "
                                   "every --device option accepts the file."),
+        ray_resources: bool = typer.Option(False, "--ray-resources", help="Print only the Ray resources this "
+                                           "machine's devices register as (JSON for `ray start --resources`), so "
+                                           "--ray-address jobs for them can run here."),
     ) -> None:
-        """Show this machine's CPU (measured bandwidth / GEMM FLOP/s, cached) and GPUs, and the known catalog."""
+        """Show this machine's CPU and GPUs (measured, cached), the precisions each runs natively, and the catalog."""
         import tensorplan as tp
+        from tensorplan.precision import native_precisions
         from tensorplan.cli.common import output_file
 
         output_file(save, "--save")
         con = Console(stderr=True)
         if refresh:
             con.print("measuring bandwidth and GEMM FLOP/s (a few seconds per thread count)...")
+        from tensorplan.measure.cluster import device_resource, node_resources
         local = tp.devices.local_devices(refresh=refresh, quick=quick)
+        if ray_resources:
+            print(json.dumps(node_resources(local)))
+            return
         cat = [] if local_only else [tp.devices.CATALOG[k] for k in sorted(tp.devices.CATALOG)]
         if save is not None:
             con.print(f"wrote {local[0].save(save)} ({local[0].short()})")
+        precisions = {d.name: native_precisions(d) for d in local}
         if json_out:
-            print(json.dumps({"local": [d.to_dict() for d in local], "catalog": [d.to_dict() for d in cat]}, indent=1))
+            print(json.dumps({"local": [{**d.to_dict(), "ray_resource": device_resource(d)} for d in local],
+                              "catalog": [d.to_dict() for d in cat],
+                              "precisions": {n: {p: s.to_dict() for p, s in ps.items()}
+                                             for n, ps in precisions.items()}}, indent=1))
             return
         _print(Console(), local, cat)
+        _print_precisions(Console(), local, precisions)
+        Console().print(f"[dim]Ray resources of this machine's devices (`ray start --resources '...'`, for "
+                        f"--ray-address): {json.dumps(node_resources(local))}[/]")
 
 
 def _print(out: Console, local: list, cat: list) -> None:
@@ -61,3 +77,19 @@ def _print(out: Console, local: list, cat: list) -> None:
                       + (f" (load {load:.1f}, quick probes)" if d.extra.get("quick") else
                          f" (load {load:.1f})" if load is not None else "") + "[/]"
                       + ("  [yellow]machine was busy: rerun with --refresh when idle[/]" if busy else ""))
+
+
+def _print_precisions(out: Console, local: list, precisions: dict) -> None:
+    """Which precisions each local processor runs natively and through which units (one table per
+    processor: the thread-count variants of one CPU share it)."""
+    shown: set[tuple[str, str]] = set()
+    for d in local:
+        if (d.kind, d.model) in shown:
+            continue
+        shown.add((d.kind, d.model))
+        t = Table(title=f"precisions on {d.model or d.name}")
+        for col in ("precision", "native", "via", "note"):
+            t.add_column(col, overflow="fold")
+        for s in precisions[d.name].values():
+            t.add_row(s.precision, "yes" if s.native else "[yellow]no (emulated)[/]", s.via, s.note)
+        out.print(t)

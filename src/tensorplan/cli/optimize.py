@@ -6,11 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from enum import Enum
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from tensorplan.cli.common import MODEL_HELP, input_shape_option, output_dir, parse_shapes
+from tensorplan.workflows.precision_search import CHOICES
+
+#: --precision's choices (typer lists them in --help and refuses others in one line)
+Precision = Enum("Precision", {c: c for c in CHOICES}, type=str)
 
 
 def register(app: typer.Typer) -> None:
@@ -34,6 +40,23 @@ def register(app: typer.Typer) -> None:
                                   "the winner."),
         peers: bool = typer.Option(True, "--peers/--no-peers", help="Time the plan against ONNX Runtime, OpenVINO "
                                    "and torch.compile on the original model, interleaved."),
+        ray_address: str = typer.Option(None, "--ray-address", help="Compile and time the kernels that decide on "
+                                        "this Ray cluster's workers that offer the device (`ray start "
+                                        "--resources`, see `tensorplan devices --ray-resources`); 'auto': the "
+                                        "cluster this machine belongs to. Timings land in this machine's store."),
+        precision: Precision = typer.Option("fp32", "--precision", case_sensitive=False,
+                                      help="Kernel precision: fp32 (default); bf16, fp16 or int8 (each kept kernel "
+                                      "tries fp32 and that one); auto (every precision this CPU runs natively, see "
+                                      "`tensorplan devices`). Each of the plan's heaviest kernels gets the fastest "
+                                      "(backend, precision) whose model outputs stay within --tolerance of fp32."),
+        tolerance: float = typer.Option(0.02, "--tolerance", min=0.0, help="Accuracy budget of a reduced "
+                                        "precision: the largest |output - fp32 output| allowed, as a share of the "
+                                        "output's largest magnitude, on the calibration inputs (0 keeps fp32)."),
+        calibration: Path = typer.Option(None, "--calibration", help="Directory of real inputs for calibration "
+                                         "and the accuracy check: one .npz per sample holding every input, or "
+                                         "NAME.npy per input with a leading sample axis. Without it 8 random "
+                                         "samples are drawn, with a warning: they measure numerical drift, not "
+                                         "task accuracy."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (progress goes to stderr)."),
     ) -> None:
         """Model to verified plan in a budget: predicted costs, measured where they decide, race, report.
@@ -51,11 +74,14 @@ def register(app: typer.Typer) -> None:
             output_dir(out, "--out")
             plan = tp.optimize(model, device=device, budget_s=budget_s, out_dir=out, samples=samples, top_k=top_k,
                                input_shapes=parse_shapes(input_shape), opset=opset, threads=threads, race=race,
-                               peers=peers, progress=True, log=lambda m: err.print(f"[dim]·[/] {m}"))
+                               peers=peers, progress=True, log=lambda m: err.print(f"[dim]·[/] {m}"),
+                               ray_address=ray_address, precision=Precision(precision).value, tolerance=tolerance,
+                               calibration=calibration)
         summ = OptimizeSummary.from_plan(plan)
         if as_json:
             print(json.dumps({**summ.to_dict(), "kernels": len(plan.kernels),
-                              "backends": _backends(plan)}, indent=2, default=str))
+                              "backends": _backends(plan), "precisions": plan.precisions()}, indent=2,
+                             default=str))
             return
         _print(Console(), plan, summ)
 
@@ -68,12 +94,13 @@ def _backends(plan) -> dict[str, int]:
 
 
 def _print(con: Console, plan, s) -> None:
+    from tensorplan.workflows.precision_search import FP32_RUNNER
     t = Table(title=f"optimize {s.model} on {s.device}", show_header=False)
     t.add_row("plan", f"{len(plan.kernels)} kernels (" + ", ".join(f"{b}: {n}" for b, n in _backends(plan).items())
-              + ")")
+              + "; " + ", ".join(f"{p}: {n}" for p, n in plan.precisions().items()) + ")")
     if s.measured_plan_ms is not None:
         t.add_row("latency", f"{s.measured_plan_ms:.3f} ms measured end to end; kernels alone sum to "
-                  f"{s.solo_sum_ms:.3f} ms" + (f"; plan model predicts {s.predicted_plan_ms:.3f} ms"
+                  f"{s.solo_sum_ms:.3f} ms" + (" at fp32" if s.reduced else "") + (f"; plan model predicts {s.predicted_plan_ms:.3f} ms"
                                                if s.predicted_plan_ms is not None else ""))
     if s.peers_ms:
         t.add_row("vs peers", ", ".join(f"{k} {v:.3f} ms" + (f" ({s.peer_notes[k]})" if k in s.peer_notes else "")
@@ -90,7 +117,20 @@ def _print(con: Console, plan, s) -> None:
                   + (f"  (plan model fitted on {s.plan_model_runs} plan runs)" if s.plan_model_runs else
                      "  (no plan measured before: predicted = kernels' solo sum)"))
     t.add_row("check", f"max relative error {s.max_rel_err:.2e} vs ONNX Runtime on {s.reference}"
+              + (f" (reduced precision: tolerance {s.tolerance:g})" if s.reduced else "")
               if s.max_rel_err is not None else "not checked")
+    if s.precision is not None:
+        p = s.precision
+        fp32_ms = (s.timings.get("runners") or {}).get(FP32_RUNNER, {}).get("median_ms")
+        t.add_row("precision", f"{p.requested} (tried {', '.join(p.precisions)}; tolerance {p.tolerance:g}): "
+                  + (", ".join(f"{k} {v}" for k, v in p.chosen.items()) or "no kernel searched")
+                  + (f"; the plan at fp32 {fp32_ms:.3f} ms in the same run" if fp32_ms is not None else "")
+                  + (f"; backed off {', '.join(p.backed_off)}" if p.backed_off else "")
+                  + ("; stopped: budget" if p.stop == "budget" else ""))
+        if p.final is not None:
+            t.add_row("accuracy", f"{p.final.short()} on {p.calibration}")
+        for w in ([p.calibration_warning] if p.calibration_warning else []) + p.warnings:
+            t.add_row("[bold yellow]warning[/]", w)
     t.add_row("measured", f"{s.measured} of {s.unique_kernels} unique kernels ({100 * s.measured_share:.1f}%), "
               f"{s.from_store} from the store; {s.draws} schedules sampled for {s.searched} TIR kernels (at most "
               f"{s.samples} each), top {s.top_k} timed")
@@ -105,3 +145,28 @@ def _print(con: Console, plan, s) -> None:
     if s.artifacts.get("plan"):
         t.add_row("next", f"tensorplan run {s.artifacts['plan']}")
     con.print(t)
+    if s.precision is not None and s.precision.variants:
+        con.print(_variants_table(s.precision))
+
+
+def _variants_table(p) -> Table:
+    """Every (backend, precision) tried per kernel: the plan's time with it and its accuracy."""
+    t = Table(title=f"precisions tried (plan end to end on {p.samples} calibration samples)")
+    for col in ("kernel", "variant", "status", "plan ms", "error", "max abs", "cosine", "top-1"):
+        t.add_column(col, justify="right" if col in ("plan ms", "error", "max abs", "cosine", "top-1") else "left")
+    skipped = 0
+    for v in p.variants:
+        if v.status == "budget":
+            skipped += 1
+            continue
+        a = v.accuracy
+        colour = {"kept": "bold green", "over tolerance": "red", "not built": "dim", "fell back": "dim",
+                  "failed": "red"}.get(v.status, "")
+        status = v.status + (f": {v.note}" if v.note and v.status in ("not built", "failed", "fell back") else "")
+        t.add_row(v.kernel, f"{v.backend}/{v.precision}", f"[{colour}]{status}[/]" if colour else status,
+                  f"{v.median_ms:.3f}" if v.median_ms is not None else "",
+                  f"{a.error:.2g}" if a else "", f"{a.max_abs:.2g}" if a else "", f"{a.cosine:.5f}" if a else "",
+                  f"{a.top1_agreement:.1%}" if a and a.top1_agreement is not None else "")
+    if skipped:
+        t.caption = f"{skipped} variants not tried: the budget ran out"
+    return t

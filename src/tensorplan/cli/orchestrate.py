@@ -68,6 +68,11 @@ def register(app: typer.Typer) -> None:
                                     "(default: the device's; every usable core for local)."),
         jobs: int = typer.Option(1, "--jobs", min=1, help="With torch-built kernels (--device cuda, --cost torch): "
                                  "processes that pre-compile the candidates in parallel."),
+        ray_address: str = typer.Option(None, "--ray-address", help="Compile and time the kernels (--cost "
+                                        "measured) on this Ray cluster's workers that offer the device "
+                                        "(`ray start --resources`, see `tensorplan devices --ray-resources`); "
+                                        "'auto': the cluster this machine belongs to. Timings land in this "
+                                        "machine's store."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
     ) -> None:
         """Fission, candidate kernels, measured costs, BLP, end-to-end race: a verified plan."""
@@ -91,7 +96,7 @@ def register(app: typer.Typer) -> None:
                 regions=None if regions else False, region_segments=region_segments,
                 kernel_overhead_s=kernel_overhead, rewrite=rewrite, winograd=winograd, race=race,
                 race_inductor=race_inductor, race_rounds=race_rounds, race_margin=race_margin, progress=not as_json,
-                log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")))
+                log=None if as_json else (lambda m: err.print(f"[dim]·[/] {m}")), ray_address=ray_address)
             if output is not None:
                 plan.save(output)
         summ = plan.summary()

@@ -171,6 +171,10 @@ def register(app: typer.Typer) -> None:
                                            "`predict --device local` finds it)."),
         force: bool = typer.Option(False, "--force", help="Install the calibration even where, on tasks it was "
                                    "not fitted on, it predicts worse than the uncalibrated model."),
+        ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Time the programs on this Ray "
+                                                  "cluster's workers offering this CPU at --threads (the same "
+                                                  "device identity; `tensorplan devices --ray-resources`); "
+                                                  "'auto': the cluster this machine belongs to."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Time a few dataset programs on this CPU (minutes) and calibrate the predictor to it.
@@ -181,14 +185,15 @@ def register(app: typer.Typer) -> None:
 
         c = calibrate_here(threads or None, n_tasks=tasks, per_task=per_task, data=data, model=model, out=out,
                            exclude_networks=[x for x in exclude.split(",") if x], max_mad=max_mad, force=force,
-                           progress=not json_out, log=None if json_out else _log)
+                           progress=not json_out, log=None if json_out else _log, ray_address=ray_address)
         if json_out:
             print(_dump(c.to_dict()))
             return
         h = c.held_out
         cmp = (f"on tasks it was not fitted on: MAPE {h.model_here['mape_pct']:.1f}% uncalibrated → "
                f"{h.calibrated['mape_pct']:.1f}% calibrated; " if h.calibrated is not None else "")
-        Console().print(f"{c.n_timed} programs of {len(c.tasks)} tasks timed here at {c.threads} thread(s) in "
+        where = "on the Ray cluster" if ray_address else "here"
+        Console().print(f"{c.n_timed} programs of {len(c.tasks)} tasks timed {where} at {c.threads} thread(s) in "
                         f"{c.time_s:.0f} s; this CPU / collection CPU ({c.source}): "
                         f"{c.here_vs_source_median_ratio:.2f}× (median); {cmp}"
                         + (f"saved {c.path} (`tensorplan predict MODEL --device local --measure` to check it "

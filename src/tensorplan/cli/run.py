@@ -23,7 +23,9 @@ def register(app: typer.Typer) -> None:
             check: bool = typer.Option(True, "--check/--no-check",
                                        help="Compare outputs with ONNX Runtime on the original model."),
             tol: float = typer.Option(None, help="Max relative error accepted by --check (default: 1e-4 "
-                                                 "for fp32 outputs, 8 machine epsilons for fp16/bf16)."),
+                                                 "for fp32 outputs, 8 machine epsilons for fp16/bf16; a plan "
+                                                 "with bf16/fp16/int8 kernels: the tolerance it was made with, "
+                                                 "else 0.02)."),
             kernel_times: bool = typer.Option(False, "--kernel-times",
                                               help="Also time every kernel alone (sum vs end-to-end)."),
             as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
@@ -53,6 +55,8 @@ def register(app: typer.Typer) -> None:
 def _print(con: Console, res) -> None:
     t = Table(title=f"plan for {res.model}", show_header=False)
     t.add_row("kernels", f"{res.kernels}  ({', '.join(f'{k}: {v}' for k, v in sorted(res.backends.items()))})")
+    if set(res.precisions) - {"fp32"}:
+        t.add_row("precisions", ", ".join(f"{k}: {v}" for k, v in sorted(res.precisions.items())))
     t.add_row("median latency", f"{res.median_s * 1e3:.3f} ms  (CoV {100 * res.timing.get('cov', 0):.1f}%, "
                                 f"n={len(res.timing.get('repeats', []))})")
     t.add_row("predicted (sum of kernels)", f"{res.predicted_s * 1e3:.3f} ms")

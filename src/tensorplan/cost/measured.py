@@ -29,11 +29,18 @@ back-to-back calls) by default, not the median: on a shared 2-core machine other
 bursts inflate whole timing windows, and the minimum is what the kernel costs when it
 has the cores (pass `statistic="median"` for Korch's mean-like figure). Memory-bound
 kernels whose time per byte is far above their peers' are timed once more.
+
+Where: each kernel is one pure job (`KernelJob` -> `KernelOutcome`, `time_kernel`), run through a
+`measure.cluster` runner: here, in order (default), or with `ray_address` on the Ray workers that
+offer this device; either way the outcome is recorded in this process's store. A job the cluster
+could not finish (worker lost on every retry, timed out) costs inf for this run and is not stored,
+so the next run times it again.
 """
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from tensorplan.cost import node_index
@@ -42,6 +49,7 @@ from tensorplan.ir.graph import Graph
 
 if TYPE_CHECKING:
     from tensorplan.korch.candidates import Candidate
+    from tensorplan.measure.cluster import ClusterJob
 
 PROGRAM_KIND = "korch_kernel"
 COST_VERSION = 4  # bump when the kernels/schedules change so old timings are not reused
@@ -59,8 +67,10 @@ class MeasuredCost:
                  linear_backends: tuple[str, ...] = ("ort",), singleton_ort: bool = True,
                  tag: str = "", remeasure: bool = False, statistic: str = "min", outlier_factor: float = 4.0,
                  region_backends: tuple[str, ...] = ("ort", "openvino"),
-                 tvm_schedules: "Callable[[Graph, Candidate], list[dict]] | None" = None):
+                 tvm_schedules: "Callable[[Graph, Candidate], list[dict]] | None" = None,
+                 ray_address: str | None = None):
         from tensorplan import devices
+        from tensorplan.measure.cluster import job_runner
         from tensorplan.measure.store import Store
         self.store = store if isinstance(store, Store) else Store(store)
         self.spec = devices.device(device)
@@ -80,14 +90,16 @@ class MeasuredCost:
         self.tvm_schedules = tvm_schedules
         self._extra: dict[str, list[dict]] = {}   # canonical hash -> extra TVM schedules to time
         self._info: dict[str, dict] = {}   # canonical hash -> {"backend", "schedule", ...}
-        self.stats = {"measured": 0, "cached": 0, "failed": 0, "remeasured": 0, "compile_s": 0.0, "measure_s": 0.0}
+        self.stats = {"measured": 0, "cached": 0, "failed": 0, "remeasured": 0, "compile_s": 0.0, "measure_s": 0.0,
+                      "lost": 0}
+        self.runner = job_runner(ray_address)     # where the jobs run (`measure.cluster`)
+        self.lost: dict[str, str] = {}            # candidate id -> why the cluster returned no timing
 
     # -- protocol -------------------------------------------------------------------------
     def cost(self, prim: Graph, cand: "Candidate") -> float:
         return self.cost_many(prim, [cand])[0]
 
     def cost_many(self, prim: Graph, cands: list["Candidate"], progress: bool = False) -> list[float]:
-        from tensorplan.measure.timer import pinned_threads
         out: list[float] = []
         todo: list[tuple[int, Any, str]] = []
         for k, c in enumerate(cands):
@@ -102,17 +114,18 @@ class MeasuredCost:
         if not todo:
             return out
         bar = _progress(progress, len(todo), f"profiling {len(todo)} kernels ({len(cands) - len(todo)} cached)")
-        with pinned_threads(self.threads):
-            try:
-                for k, c, pk in todo:
-                    out[k] = self._measure_one(prim, c, pk)
-                    if bar is not None:
-                        bar[0].advance(bar[1])
-            finally:
+        try:
+            jobs = [self._job(prim, c) for _, c, _ in todo]
+            for r in self.runner.run(jobs):
+                k, c, pk = todo[r.index]
+                out[k] = self._record(c, pk, r, jobs[r.index].args[0])
                 if bar is not None:
-                    bar[0].stop()
-            if self.outlier_factor > 0:
-                self._remeasure_outliers(prim, [(k, c, pk) for k, c, pk in todo], out)
+                    bar[0].advance(bar[1])
+        finally:
+            if bar is not None:
+                bar[0].stop()
+        if self.outlier_factor > 0:
+            self._remeasure_outliers(prim, [(k, c, pk) for k, c, pk in todo], out)
         return out
 
     def _remeasure_outliers(self, prim: Graph, items: list, out: list[float]) -> None:
@@ -154,7 +167,7 @@ class MeasuredCost:
     def describe(self) -> dict:
         return {"name": self.name, "device": self.spec.name, "threads": self.threads, "budget_s": self.budget_s,
                 "linear_backends": list(self.linear_backends), "region_backends": list(self.region_backends),
-                "store": str(self.store.path), **self.stats}
+                "store": str(self.store.path), **self.stats, **self.runner.describe()}
 
     # -- internals ------------------------------------------------------------------------
     def _prog_key(self, prim: Graph, c: "Candidate") -> str:
@@ -194,34 +207,45 @@ class MeasuredCost:
             return math.inf
         return float(rec["min_s"] if self.statistic == "min" else rec["median_s"])
 
-    def _measure_one(self, prim: Graph, c: "Candidate", pk: str, keep_best_of: float | None = None) -> float:
-        from tensorplan.measure.timer import Timing
+    def _job(self, prim: Graph, c: "Candidate") -> "ClusterJob":
+        """The picklable job that compiles and times every variant of candidate `c` on this device."""
+        from tensorplan.measure.cluster import ClusterJob
         sub = c.graph(prim)
-        outputs = list(c.outputs)
-        backends = self._backends_for(c, sub)
         extra_scheds = self._extra_schedules(prim, c)
-        backends += [f"tvm:s{j}" for j in range(len(extra_scheds))]
-        t0 = time.perf_counter()
-        times: dict[str, float] = {}
-        timings: dict[str, Timing] = {}
-        errors: dict[str, str] = {}
-        for b in backends:
-            try:
-                tm = self._time_backend(sub, outputs, b, extra_scheds)
-            except (CompileError, TensorplanError) as e:
-                errors[b] = str(e)[:300]
-                continue
-            except Exception as e:  # noqa: BLE001 - a crashing kernel is unavailable, not fatal
-                errors[b] = f"{type(e).__name__}: {str(e)[:300]}"
-                continue
-            times[b] = tm.min_s if self.statistic == "min" else tm.median_s
-            timings[b] = tm
-        self.stats["measure_s"] += time.perf_counter() - t0
+        variants = self._backends_for(c, sub) + [f"tvm:s{j}" for j in range(len(extra_scheds))]
+        job = KernelJob(sub, list(c.outputs), variants, extra_scheds, self.threads, self.budget_s)
+        return ClusterJob(time_kernel, (job,), label=f"kernel {c.id} ({c.kind}: {', '.join(c.nodes)[:120]})",
+                          device=self.spec)
+
+    def _measure_one(self, prim: Graph, c: "Candidate", pk: str, keep_best_of: float | None = None) -> float:
+        job = self._job(prim, c)
+        return self._record(c, pk, self.runner.map([job])[0], job.args[0], keep_best_of)
+
+    def _record(self, c: "Candidate", pk: str, result: Any, job: "KernelJob",
+                keep_best_of: float | None = None) -> float:
+        """Store what the job for `c` returned (the fastest variant, or that none built) and return
+        its cost; a job the runner could not finish costs inf here and is not stored."""
+        from tensorplan.measure.timer import Timing
+        if not result.ok:
+            import logging
+            self.stats["lost"] += 1
+            self.lost[c.id] = f"{result.label}: {result.error}"
+            logging.getLogger("tensorplan.measure").warning(
+                "%s: no timing (%s); it costs inf in this run and is not stored, so the next run times it again",
+                result.label, result.error)
+            return keep_best_of if keep_best_of is not None else math.inf
+        oc: KernelOutcome = result.value
+        self.stats["measure_s"] += oc.measure_s
+        self.stats["compile_s"] += oc.compile_s
+        times = {b: (tm.min_s if self.statistic == "min" else tm.median_s) for b, tm in oc.timings.items()}
+        timings, errors = oc.timings, oc.errors
+        backends, extra_scheds = job.variants, job.extra
+        worker = {} if result.worker == "in-process" else {"worker": result.worker}   # which machine timed it
         if not times and keep_best_of is not None:
             return keep_best_of
         if not times:
             self.stats["failed"] += 1
-            extra = {"failed": True, "errors": errors, "backend": "", "backends": backends}
+            extra = {"failed": True, "errors": errors, "backend": "", "backends": backends, **worker}
             self.store.put_measurement(pk, self.dev_key, Timing.from_repeats([1e9], method="failed"), self.tag,
                                        extra)
             self._info[c.canonical_hash] = {"backend": "", "schedule": {}}
@@ -231,7 +255,7 @@ class MeasuredCost:
             return keep_best_of  # the first timing stands (already in the store)
         backend, sched = self._variant(best, extra_scheds)
         extra = {"backend": backend, "variant": best, "schedule": sched, "times": times, "errors": errors or None,
-                 "statistic": self.statistic}
+                 "statistic": self.statistic, **worker}
         self.store.put_measurement(pk, self.dev_key, timings[best], self.tag, extra)
         self.stats["measured"] += 1
         self._info[c.canonical_hash] = {"backend": backend, "schedule": sched}
@@ -278,18 +302,67 @@ class MeasuredCost:
             return "openvino", {}
         return name, {}
 
-    def _time_backend(self, sub: Graph, outputs: list[str], variant: str, extra: list[dict] | None = None):
-        from tensorplan.measure.timer import measure
-        from tensorplan.kernels.vendor import make_kernel, random_inputs
-        t0 = time.perf_counter()
-        backend, sched = self._variant(variant, extra)
-        k = make_kernel(sub, outputs, backend, threads=self.threads, schedule=sched or None)
-        self.stats["compile_s"] += time.perf_counter() - t0
-        ins = random_inputs(sub, list(k.input_names))
-        outs = k.alloc_outputs()
-        fn = k.bind(ins, outs)
-        return measure(fn, warmup=2, min_repeats=5, max_repeats=200, budget_s=self.budget_s, number=None,
-                       min_repeat_s=2e-4)
+
+
+@dataclass(frozen=True)
+class KernelJob:
+    """Compile and time one candidate kernel: its sub-graph, outputs, the variants to time
+    ("backend[:variant]", `MeasuredCost._backends_for`), extra TVM schedules, threads, time budget."""
+
+    sub: Graph
+    outputs: list[str]
+    variants: list[str]
+    extra: list[dict] = field(default_factory=list)
+    threads: int = 1
+    budget_s: float = 0.05
+
+
+@dataclass
+class KernelOutcome:
+    """Timing of every variant that built and ran, the error of every one that did not, and the
+    seconds spent compiling and measuring."""
+
+    timings: dict[str, Any]
+    errors: dict[str, str]
+    compile_s: float = 0.0
+    measure_s: float = 0.0
+
+
+def time_kernel(job: KernelJob) -> KernelOutcome:
+    """Compile and time every variant of `job` at its thread count (a pure job: where it runs does
+    not change what it computes). A variant that does not build or run is an error, not a failure."""
+    from tensorplan.measure.timer import pinned_threads
+    t0 = time.perf_counter()
+    out = KernelOutcome({}, {})
+    with pinned_threads(job.threads):
+        for b in job.variants:
+            try:
+                tm, compile_s = _time_variant(job, b)
+            except (CompileError, TensorplanError) as e:
+                out.errors[b] = str(e)[:300]
+                continue
+            except Exception as e:  # noqa: BLE001 - a crashing kernel is unavailable, not fatal
+                out.errors[b] = f"{type(e).__name__}: {str(e)[:300]}"
+                continue
+            out.timings[b] = tm
+            out.compile_s += compile_s
+    out.measure_s = time.perf_counter() - t0
+    return out
+
+
+def _time_variant(job: KernelJob, variant: str):
+    """(Timing, compile seconds) of one variant of the job's kernel."""
+    from tensorplan.measure.timer import measure
+    from tensorplan.kernels.vendor import make_kernel, random_inputs
+    t0 = time.perf_counter()
+    backend, sched = MeasuredCost._variant(variant, job.extra)
+    k = make_kernel(job.sub, job.outputs, backend, threads=job.threads, schedule=sched or None)
+    compile_s = time.perf_counter() - t0
+    ins = random_inputs(job.sub, list(k.input_names))
+    outs = k.alloc_outputs()
+    fn = k.bind(ins, outs)
+    return measure(fn, warmup=2, min_repeats=5, max_repeats=200, budget_s=job.budget_s, number=None,
+                   min_repeat_s=2e-4), compile_s
 
 
 def schedules_digest(schedules: list[dict]) -> str:
@@ -310,4 +383,5 @@ def _progress(enabled: bool, total: int, desc: str):
     return bar, bar.add_task(desc, total=total)
 
 
-__all__ = ["MeasuredCost", "PROGRAM_KIND", "COST_VERSION", "schedules_digest"]
+__all__ = ["MeasuredCost", "PROGRAM_KIND", "COST_VERSION", "schedules_digest", "KernelJob", "KernelOutcome",
+           "time_kernel"]

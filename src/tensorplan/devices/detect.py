@@ -52,6 +52,13 @@ _X86_FLAGS = {"avx2": "avx2", "avx512f": "avx512f", "fma": "fma", "avx512_bf16":
               "avx512_fp16": "fp16", "amx_tile": "amx", "avx512_vnni": "vnni", "avx_vnni": "vnni"}
 _ARM_FLAGS = {"asimd": "neon", "neon": "neon", "sve": "sve", "sve2": "sve2", "fphp": "fp16", "asimdhp": "fp16",
               "bf16": "bf16", "i8mm": "i8mm"}
+# /proc/cpuinfo flags that say how a CPU computes in reduced precision (tensorplan.precision.native reads
+# them): kept verbatim beside `isa`, not in it, because `isa` is part of the device key and of the
+# predictor's fixed feature vector, and it folds e.g. F16C (conversion only) and AVX512-FP16 (arithmetic)
+# into one "fp16"
+_X86_PRECISION_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx512_vnni",
+                        "avx_vnni", "avx_vnni_int8", "avx_ne_convert", "f16c", "avx512f", "avx2")
+_ARM_PRECISION_FLAGS = ("bf16", "svebf16", "i8mm", "svei8mm", "asimddp", "fphp", "asimdhp", "sve", "sve2")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +172,9 @@ def cpu_info() -> dict[str, Any]:
     if platform.machine() in ("aarch64", "arm64") and "neon" not in isa:
         isa.append("neon")  # NEON is mandatory on AArch64
     src["isa"] = "/proc/cpuinfo flags"
+    precision_flags = sorted(f for f in (_X86_PRECISION_FLAGS if "flags" in first else _ARM_PRECISION_FLAGS)
+                             if f in flags)
+    src["precision_flags"] = "/proc/cpuinfo flags (verbatim)"
     mem_kb = 0.0
     for line in _read("/proc/meminfo").splitlines():
         if line.startswith("MemTotal:"):
@@ -172,7 +182,7 @@ def cpu_info() -> dict[str, Any]:
     src["mem_gb"] = "/proc/meminfo MemTotal"
     return dict(model=model, vendor=vendor, cores=cores, threads=threads, online_cpus=online, affinity=affinity,
                 clock_ghz=round(clock, 3), l1_kb=l1, l2_kb=l2, l3_kb=l3, isa=isa, mem_gb=round(mem_kb / 2**20, 1),
-                machine=platform.machine(), sources=src)
+                machine=platform.machine(), precision_flags=precision_flags, sources=src)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,7 +421,7 @@ def local_cpu(threads: int | None = None, *, refresh: bool = False, quick: bool 
         extra={"copy_gbs": round(bw["copy_gbs"], 2), "gemm_backend": mm["backend"],
                "gemm_per_backend": mm["per_backend"], "quick": entry.get("quick", False),
                "hostname": socket.gethostname(), "measured_at": entry["when"],
-               "load_avg_1m_when_measured": entry.get("load_avg_1m")})
+               "load_avg_1m_when_measured": entry.get("load_avg_1m"), "precision_flags": info["precision_flags"]})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -604,9 +604,11 @@ def _example(prim: Graph, name: str, device: Any):
 
 
 def _graph_module(prim: Graph, nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence[str],
-                  device: Any):
+                  device: Any, autocast: Any = None):
     """Trace the chained builders at the graph's static shapes into an ATen-level GraphModule
-    (`make_fx`); the weights become its constants, already on `device`."""
+    (`make_fx`); the weights become its constants, already on `device`. With `autocast` (a torch
+    dtype: bfloat16 or float16) the chain is traced under `torch.autocast`, so the casts are part
+    of the program, and each output is cast back to its graph dtype (kernels hand fp32 tensors on)."""
     torch = _torch()
     from torch.fx.experimental.proxy_tensor import make_fx
     fns = []
@@ -634,13 +636,24 @@ def _graph_module(prim: Graph, nodes: Sequence[Node], inputs: Sequence[str], out
         # dense outputs: the next kernel was compiled for contiguous inputs
         return tuple(env[o].contiguous() for o in outputs)
 
+    traced = forward
+    if autocast is not None:
+        want = [getattr(torch, np.dtype(prim.tensors[o].dtype).name) for o in outputs]
+        kind = torch.device(device).type
+
+        def traced(*xs):
+            with torch.autocast(kind, dtype=autocast):
+                res = forward(*xs)
+            return tuple(r if r.dtype == w else r.to(w) for r, w in zip(res, want))
+
     with torch.inference_mode(False), torch.no_grad():
-        return make_fx(forward)(*example_inputs(prim, inputs, device))
+        return make_fx(traced)(*example_inputs(prim, inputs, device))
 
 
 def build_kernel(prim: Graph, node_names: Sequence[str], inputs: Sequence[str], outputs: Sequence[str],
-                 *, device: Any = "cpu", compile: bool = True) -> TorchKernel:
-    """A candidate or plan kernel as one torch program on `device`; `compile` fuses it with Inductor.
+                 *, device: Any = "cpu", compile: bool = True, autocast: Any = None) -> TorchKernel:
+    """A candidate or plan kernel as one torch program on `device`; `compile` fuses it with Inductor;
+    `autocast` (torch.bfloat16 / torch.float16) computes it at that precision, outputs cast back.
 
     Raises `UnsupportedOperatorError` naming the node for an op with no builder, and
     `CompileError` when tracing fails (the kernel then cannot be one fused program)."""
@@ -648,7 +661,7 @@ def build_kernel(prim: Graph, node_names: Sequence[str], inputs: Sequence[str], 
     byname = {n.name: n for n in prim.nodes}
     nodes = [byname[x] for x in node_names]
     try:
-        gm = _graph_module(prim, nodes, list(inputs), list(outputs), device)
+        gm = _graph_module(prim, nodes, list(inputs), list(outputs), device, autocast)
     except UnsupportedOperatorError:
         raise
     except Exception as e:  # noqa: BLE001 - name the kernel, keep the cause

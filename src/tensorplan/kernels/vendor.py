@@ -11,9 +11,16 @@ All kernels share one calling convention with `CompiledKernel`: `k(*inputs)`
 returns new outputs, `k.bind(inputs, outputs)` returns a zero-argument callable
 writing into given (aligned, contiguous) torch tensors — for ONNX Runtime that is
 an I/O binding on the raw pointers, so no data is copied.
+
+`make_kernel` is also where a kernel gets its precision (issue 63), the way users know each
+runtime: OpenVINO's INFERENCE_PRECISION_HINT (bf16/fp16) and NNCF int8, ONNX Runtime's static
+QDQ int8, torch autocast (bf16/fp16). A kernel at any precision still takes and returns fp32
+tensors, so one plan mixes precisions; an int8 kernel keeps its quantized model
+(`Int8Kernel.quantized`) so a saved plan rebuilds it without calibration data.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,17 +39,16 @@ EPILOGUE_OPS = {"Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Clip", "
 
 # -------------------------------------------------------------------------------- ORT
 def ort_kernel(sub: Graph, outputs: list[str] | None = None, threads: int | None = None, spinning: bool = False,
-               name: str | None = None) -> VendorKernel:
-    """Any standard-ONNX sub-graph as one ONNX Runtime session driven by I/O binding."""
+               name: str | None = None, model=None) -> VendorKernel:
+    """Any standard-ONNX sub-graph as one ONNX Runtime session driven by I/O binding. `model` (an
+    `onnx.ModelProto` with the sub-graph's inputs and outputs, e.g. its int8 quantization) runs
+    instead of the sub-graph's own export."""
     import onnxruntime as ort
 
-    from tensorplan.ir.to_onnx import graph_to_onnx
     g = out_graph(sub, outputs)
     name = name or sub.name
-    try:
-        model = graph_to_onnx(g)
-    except Exception as e:  # noqa: BLE001
-        raise CompileError(f"kernel '{name}': cannot export to ONNX: {e}") from None
+    if model is None:
+        model = _onnx_model(g, name)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -205,11 +211,14 @@ def _torch_epilogue_fn(g: Graph, node) -> Callable:
     raise CompileError(f"node '{node.name}' ({op}): no torch epilogue")
 
 
-def torch_kernel(sub: Graph, outputs: list[str] | None = None, name: str | None = None) -> VendorKernel:
+def torch_kernel(sub: Graph, outputs: list[str] | None = None, name: str | None = None,
+                 precision: str = "fp32") -> VendorKernel:
     """A linear primitive (+ elementwise epilogue) through PyTorch (oneDNN conv, MKL matmul).
 
     torch ops allocate their results, so the final result is copied into the bound output
-    buffer (for a MatMul alone, `torch.matmul(out=)` writes in place instead)."""
+    buffer (for a MatMul alone at fp32, `torch.matmul(out=)` writes in place instead). At bf16 or
+    fp16 the kernel runs under `torch.autocast` on the CPU and the copy casts its result back to
+    the fp32 buffer."""
     import torch
     g = out_graph(sub, outputs)
     name = name or sub.name
@@ -232,7 +241,8 @@ def torch_kernel(sub: Graph, outputs: list[str] | None = None, name: str | None 
              for n in g.nodes]
     ins = list(g.inputs)
     out = g.outputs[0]
-    single_mm = len(g.nodes) == 1 and g.nodes[0].op == "MatMul"
+    autocast = _autocast_dtype(precision, "torch", name)
+    single_mm = len(g.nodes) == 1 and g.nodes[0].op == "MatMul" and autocast is None
 
     def bind(inputs: list, outputs_: list):
         o = outputs_[0]
@@ -248,6 +258,14 @@ def torch_kernel(sub: Graph, outputs: list[str] | None = None, name: str | None 
                 mm(a, b, out=o)
             return call_mm
         env0 = dict(zip(ins, inputs))
+        if autocast is not None:
+            def call_cast(env0=env0, o=o, dt=autocast):
+                env = dict(env0)
+                with torch.autocast("cpu", dtype=dt):
+                    for t, fn in steps:
+                        env[t] = fn(env)
+                o.copy_(env[out])
+            return call_cast
 
         def call(env0=env0, o=o):
             env = dict(env0)
@@ -257,7 +275,47 @@ def torch_kernel(sub: Graph, outputs: list[str] | None = None, name: str | None 
         return call
     return VendorKernel(name=name, backend="torch", input_names=ins, output_names=[out],
                         output_shapes=[tuple(g.tensors[out].shape)], output_dtypes=[g.tensors[out].dtype],
-                        _bind=bind, schedule={})
+                        _bind=bind, schedule={} if precision == "fp32" else {"precision": precision})
+
+
+def inductor_kernel(sub: Graph, name: str | None = None, precision: str = "fp32") -> VendorKernel:
+    """A kernel compiled by PyTorch Inductor (kernels.torch_kernel) on the CPU, writing its results
+    into the bound buffers (one copy per output: Inductor allocates its own outputs). At bf16/fp16
+    the traced program computes under autocast and returns its outputs cast back to fp32."""
+    from tensorplan.errors import TensorplanError
+    from tensorplan.kernels.torch_kernel import build_kernel as build_torch
+    name = name or sub.name
+    dt = _autocast_dtype(precision, "torch-inductor", name)
+    ins = [i for i in sub.inputs if not sub.tensors[i].is_constant]
+    outs = list(sub.outputs)
+    try:
+        k = build_torch(sub, [n.name for n in sub.nodes], ins, outs, device="cpu", compile=True, autocast=dt)
+    except CompileError as e:
+        raise CompileError(f"kernel '{name}' (torch-inductor{'' if dt is None else ', ' + precision}): {e}") from e
+    except TensorplanError as e:  # an op with no torch builder: let the executor fall back
+        raise CompileError(f"torch-inductor: {e}") from e
+
+    def bind(inputs, outputs_):
+        def call():
+            for t, r in zip(outputs_, k(*inputs)):
+                t.copy_(r)
+        return call
+    return VendorKernel(name=name, backend="torch-inductor", input_names=ins, output_names=outs,
+                        output_shapes=[tuple(sub.tensors[o].shape) for o in outs],
+                        output_dtypes=[sub.tensors[o].dtype for o in outs], _bind=bind,
+                        schedule={} if precision == "fp32" else {"precision": precision})
+
+
+def _autocast_dtype(precision: str, backend: str, name: str):
+    """The torch dtype `torch.autocast` computes in for `precision` (None at fp32); CompileError for
+    a precision torch kernels do not run (int8: torch has no post-training int8 path here)."""
+    import torch
+    if precision == "fp32":
+        return None
+    if precision in ("bf16", "fp16"):
+        return torch.bfloat16 if precision == "bf16" else torch.float16
+    raise CompileError(f"kernel '{name}': the {backend} backend has no {precision} kernels (it runs fp32, bf16 "
+                       "and fp16 by autocast); run an int8 kernel on 'ort' or 'openvino'")
 
 
 # ------------------------------------------------------------------------------- TVM
@@ -267,12 +325,132 @@ def tvm_kernel(sub: Graph, outputs: list[str] | None = None, threads: int | None
     return compile_kernel(sub, outputs, target=local_target(threads), threads=threads)
 
 
+#: The precisions each backend builds kernels at (a kernel takes and returns fp32 tensors at every
+#: precision). ORT's CPU provider has no bf16/fp16 kernels; TVM and the reference run fp32 only.
+BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {
+    "tvm": ("fp32",), "ort": ("fp32", "int8"), "openvino": ("fp32", "bf16", "fp16", "int8"),
+    "torch": ("fp32", "bf16", "fp16"), "torch-inductor": ("fp32", "bf16", "fp16"), "reference": ("fp32",)}
+
+
+_BUILDS = ("tvm", "ort", "torch", "torch-inductor", "openvino")     # what make_kernel builds
+
+
+@dataclass
+class QuantizedModel:
+    """An int8 kernel's quantized model, kept so that the kernel rebuilds without calibration data:
+    an ONNX model in QDQ form (`format="onnx"`, for ONNX Runtime) or an OpenVINO IR (`"openvino"`:
+    the XML in `model`, its weights in `weights`). A plan stores it in a file beside plan.json."""
+
+    format: str
+    model: bytes
+    weights: bytes = b""
+
+
+@dataclass
+class Int8Kernel(VendorKernel):
+    """A vendor kernel that runs a quantized model, which it keeps (`quantized`) for a plan to store."""
+
+    quantized: QuantizedModel | None = None
+
+
+def check_precision_backend(name: str, backend: str, precision: str) -> None:
+    """CompileError naming the kernel when `backend` builds no kernel at `precision`."""
+    ok = BACKEND_PRECISIONS.get(backend)
+    if ok is None:
+        raise CompileError(f"kernel '{name}': unknown backend '{backend}' ({', '.join(BACKEND_PRECISIONS)})")
+    if precision not in ok:
+        why = {"ort": "ONNX Runtime's CPU provider has no bf16/fp16 kernels",
+               "tvm": "tensorplan's TVM kernels are generated at fp32 only",
+               "reference": "the reference executor computes in fp32"}.get(backend, "")
+        other = [b for b, ps in BACKEND_PRECISIONS.items() if precision in ps]
+        raise CompileError(f"kernel '{name}': backend '{backend}' cannot build it at {precision}"
+                           + (f" ({why})" if why else "") + f"; backends with {precision} kernels: "
+                           + ", ".join(other))
+
+
+def quantize_kernel(sub: Graph, outputs: list[str] | None, backend: str, calibration: list[dict],
+                    name: str | None = None) -> QuantizedModel:
+    """`sub` quantized to int8 for `backend` on `calibration` (a list of feeds for its non-constant
+    inputs): ONNX Runtime static QDQ quantization ('ort') or NNCF post-training quantization
+    ('openvino'), both by tensorplan.precision.quantize."""
+    from tensorplan.precision.quantize import openvino_int8, ort_int8
+    name = name or sub.name
+    check_precision_backend(name, backend, "int8")
+    g = out_graph(sub, outputs)
+    feeds = _calibration_feeds(g, calibration, name)
+    model = _onnx_model(g, name)
+    model.graph.name = name
+    if backend == "ort":
+        return QuantizedModel("onnx", ort_int8(model, feeds, name=name).SerializeToString())
+    from tensorplan.kernels.openvino import to_ir
+    xml, weights = to_ir(openvino_int8(model, feeds, name=name))
+    return QuantizedModel("openvino", xml, weights)
+
+
+def _calibration_feeds(g: Graph, calibration: list[dict] | None, name: str) -> list[dict]:
+    """The calibration feeds of one kernel, checked: a non-empty list of dicts holding each of its
+    inputs at its shape (CompileError naming the kernel and input otherwise)."""
+    if not calibration:
+        raise CompileError(f"kernel '{name}': an int8 kernel needs calibration feeds for its inputs "
+                           f"{list(g.inputs)[:4]} (PlanExecutor.capture gives them) or its stored quantized model")
+    out = []
+    for j, feed in enumerate(calibration):
+        if not isinstance(feed, dict):
+            raise CompileError(f"kernel '{name}': calibration[{j}] must map input names to arrays")
+        one = {}
+        for i in g.inputs:
+            t = g.tensors[i]
+            if i not in feed:
+                raise CompileError(f"kernel '{name}': calibration[{j}] has no array for input '{i}'")
+            a = np.ascontiguousarray(np.asarray(feed[i]), dtype=np_dtype(t.dtype))
+            if tuple(a.shape) != tuple(t.shape):
+                raise CompileError(f"kernel '{name}': calibration[{j}]['{i}'] has shape {tuple(a.shape)}, the "
+                                   f"kernel's input is {tuple(t.shape)}")
+            one[i] = a
+        out.append(one)
+    return out
+
+
+def _onnx_model(g: Graph, name: str):
+    """`g` as an ONNX model (CompileError naming the kernel when it does not export)."""
+    from tensorplan.ir.to_onnx import graph_to_onnx
+    try:
+        return graph_to_onnx(g)
+    except Exception as e:  # noqa: BLE001
+        raise CompileError(f"kernel '{name}': cannot export to ONNX: {e}") from None
+
+
 def make_kernel(sub: Graph, outputs: list[str] | None, backend: str, threads: int | None = None,
-                schedule: dict | None = None):
-    """Build one kernel on a named backend ('tvm', 'ort', 'torch', 'openvino'); `schedule` is the
-    backend's knobs: TVM's schedule dict, ORT's {"threads": n, "spinning": bool}, OpenVINO's {"threads": n}.
-    `threads` defaults to every usable core."""
+                schedule: dict | None = None, precision: str = "fp32", calibration: list[dict] | None = None,
+                quantized: QuantizedModel | None = None):
+    """Build one kernel on a named backend ('tvm', 'ort', 'torch', 'torch-inductor', 'openvino') at `precision`
+    (fp32, bf16, fp16 or int8; `BACKEND_PRECISIONS` says which backend runs which); `schedule` is
+    the backend's knobs: TVM's schedule dict, ORT's {"threads": n, "spinning": bool}, OpenVINO's
+    {"threads": n}. `threads` defaults to every usable core.
+
+    Whatever the precision, the kernel takes and returns fp32 tensors (it casts inside), so a plan
+    mixes precisions freely. OpenVINO runs bf16/fp16 by `INFERENCE_PRECISION_HINT` (refused when
+    this CPU would substitute another precision), torch by autocast. An int8 kernel runs
+    `quantized` (a stored quantized model) or quantizes `sub` on `calibration` (feeds for its
+    inputs, e.g. from `PlanExecutor.capture`) and keeps the result in `kernel.quantized`
+    (`Int8Kernel`), so a plan can store it and rebuild the kernel without calibration data.
+    CompileError naming the kernel and the precision when the backend cannot build it."""
     threads = int(threads or usable_cores())
+    name = sub.name
+    known = sorted({p for ps in BACKEND_PRECISIONS.values() for p in ps})
+    if precision not in known:
+        raise CompileError(f"kernel '{name}': precision {precision!r} is not one of {', '.join(known)}")
+    if backend not in _BUILDS:
+        raise CompileError(f"kernel '{name}': unknown backend '{backend}' ({', '.join(_BUILDS)})")
+    check_precision_backend(name, backend, precision)
+    if precision == "int8":
+        if quantized is None:
+            quantized = quantize_kernel(sub, outputs, backend, calibration, name)
+        elif quantized.format != ("onnx" if backend == "ort" else "openvino"):
+            raise CompileError(f"kernel '{name}': its quantized model is {quantized.format}, which backend "
+                               f"'{backend}' does not run; quantize it again for {backend}")
+        k = _int8_kernel(sub, outputs, backend, threads, schedule, quantized, name)
+        return Int8Kernel(**{f.name: getattr(k, f.name) for f in dataclasses.fields(k)}, quantized=quantized)
     if backend == "tvm":
         from tensorplan.kernels.build import compile_kernel, local_target
         return compile_kernel(sub, outputs, target=local_target(threads), schedule=schedule, threads=threads)
@@ -281,11 +459,30 @@ def make_kernel(sub: Graph, outputs: list[str] | None, backend: str, threads: in
         nthr = int((schedule or {}).get("threads", threads))
         return ort_kernel(sub, outputs, nthr, spinning=bool(spin))
     if backend == "torch":
-        return torch_kernel(sub, outputs)
-    if backend == "openvino":
-        from tensorplan.kernels.openvino import openvino_kernel
-        return openvino_kernel(sub, outputs, int((schedule or {}).get("threads", threads)))
-    raise CompileError(f"kernel '{sub.name}': unknown backend '{backend}' (tvm, ort, torch or openvino)")
+        return torch_kernel(sub, outputs, precision=precision)
+    if backend == "torch-inductor":
+        return inductor_kernel(out_graph(sub, outputs), name, precision=precision)
+    from tensorplan.kernels.openvino import openvino_kernel
+    return openvino_kernel(sub, outputs, int((schedule or {}).get("threads", threads)), precision=precision)
+
+
+def _int8_kernel(sub: Graph, outputs: list[str] | None, backend: str, threads: int, schedule: dict | None,
+                 q: QuantizedModel, name: str) -> VendorKernel:
+    """The kernel that runs a quantized model on its backend."""
+    if backend == "ort":
+        import onnx
+        try:
+            model = onnx.load_model_from_string(q.model)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise CompileError(f"kernel '{name}': its quantized ONNX model does not parse: {e}") from None
+        k = ort_kernel(sub, outputs, int((schedule or {}).get("threads", threads)),
+                       spinning=bool((schedule or {}).get("spinning", False)), name=name, model=model)
+    else:
+        from tensorplan.kernels.openvino import from_ir, openvino_kernel
+        k = openvino_kernel(sub, outputs, int((schedule or {}).get("threads", threads)), name=name,
+                            precision="int8", model=from_ir(q.model, q.weights, name))
+    k.schedule = {**k.schedule, "precision": "int8"}
+    return k
 
 
 @dataclass

@@ -60,26 +60,11 @@ def reference_kernel(sub: Graph, name: str):
                         output_dtypes=[sub.tensors[o].dtype for o in outs], _bind=bind)
 
 
-def inductor_kernel(sub: Graph, name: str):
-    """A kernel compiled by PyTorch Inductor (program.torch_kernel) on the CPU, writing its results
-    into the plan's buffers (one copy per output: Inductor allocates its own outputs)."""
-    from tensorplan.kernels.base import VendorKernel
-    from tensorplan.kernels.torch_kernel import build_kernel as build_torch
-    ins = [i for i in sub.inputs if not sub.tensors[i].is_constant]
-    outs = list(sub.outputs)
-    try:
-        k = build_torch(sub, [n.name for n in sub.nodes], ins, outs, device="cpu", compile=True)
-    except TensorplanError as e:  # an op with no torch builder: let the executor fall back
-        raise CompileError(f"torch-inductor: {e}") from e
-
-    def bind(inputs, outputs):
-        def call():
-            for t, r in zip(outputs, k(*inputs)):
-                t.copy_(r)
-        return call
-    return VendorKernel(name=name, backend="torch-inductor", input_names=ins, output_names=outs,
-                        output_shapes=[tuple(sub.tensors[o].shape) for o in outs],
-                        output_dtypes=[sub.tensors[o].dtype for o in outs], _bind=bind)
+def inductor_kernel(sub: Graph, name: str, precision: str = "fp32"):
+    """A kernel compiled by PyTorch Inductor on the CPU (kernels.vendor.inductor_kernel), at fp32 or,
+    by autocast, bf16/fp16."""
+    from tensorplan.kernels.vendor import inductor_kernel as build
+    return build(sub, name, precision=precision)
 
 
 def kernel_graph(prim: Graph, k: "PlanKernel", source: Graph | None = None) -> Graph:
@@ -97,24 +82,34 @@ def kernel_graph(prim: Graph, k: "PlanKernel", source: Graph | None = None) -> G
     return sub
 
 
-def build_kernel(prim: Graph, k: "PlanKernel", threads: int | None = None, source: Graph | None = None
-                 ) -> tuple[Any, str, list[str]]:
-    """Build a plan kernel on its backend (`threads`: default every usable core), falling back
-    (tvm -> ort -> reference) with reasons."""
-    from tensorplan.kernels.vendor import make_kernel
+def build_kernel(prim: Graph, k: "PlanKernel", threads: int | None = None, source: Graph | None = None,
+                 calibration: list[dict] | None = None, quantized: Any = None) -> tuple[Any, str, list[str]]:
+    """Build a plan kernel on its backend at its precision (`threads`: default every usable core),
+    falling back (tvm -> ort -> reference) with reasons. A kernel at bf16, fp16 or int8 falls back
+    only to a backend that builds it at the same precision, never to fp32: CompileError naming the
+    kernel and the precision when none can. An int8 kernel runs `quantized` (its stored quantized
+    model, `Plan.quantized_model`) or is quantized on `calibration` (feeds for its inputs)."""
+    from tensorplan.kernels.vendor import BACKEND_PRECISIONS, make_kernel
     sub = kernel_graph(prim, k, source)
     backend = k.backend or DEFAULT_BACKEND.get(k.kind, "ort")
+    precision = k.precision
     notes: list[str] = []
-    for b in [backend] + FALLBACKS.get(backend, ["ort", "reference"]):
+    tries = [backend] + FALLBACKS.get(backend, ["ort", "reference"])
+    if precision != "fp32":
+        tries = [backend] + [b for b in tries[1:] if precision in BACKEND_PRECISIONS.get(b, ())]
+    for b in tries:
         try:
             if b == "reference":
                 return reference_kernel(sub, k.id), b, notes
-            if b == "torch-inductor":
-                return inductor_kernel(sub, k.id), b, notes
-            sched = {x: v for x, v in k.schedule.items() if x != "operators"} if b == backend else None
-            return make_kernel(sub, list(k.outputs), b, threads=threads, schedule=sched or None), b, notes
+            sched = {x: v for x, v in k.schedule.items() if x not in ("operators", "quantized")} \
+                if b == backend else None
+            return make_kernel(sub, list(k.outputs), b, threads=threads, schedule=sched or None, precision=precision,
+                               calibration=calibration, quantized=quantized if b == backend else None), b, notes
         except CompileError as e:
             notes.append(f"{b}: {e}")
+    if precision != "fp32":
+        raise CompileError(f"kernel '{k.id}' cannot be built at {precision} (plan field precision; it is never "
+                           f"run at fp32 instead): {'; '.join(notes)}")
     raise CompileError(f"kernel '{k.id}': no backend could build it: {'; '.join(notes)}")
 
 
@@ -133,13 +128,18 @@ class PlanExecutor:
     """Compile a plan's kernels once and run them in order on preallocated, reused buffers."""
 
     def __init__(self, plan: "Plan", prim: Graph | None = None, threads: int | None = None, progress: bool = False,
-                 source: Graph | None = None):
+                 source: Graph | None = None, calibration: dict[str, list[dict]] | None = None):
+        """`calibration` maps an int8 kernel's id to feeds for its inputs (`capture`): needed only for
+        an int8 kernel with no quantized model yet; the model made is kept on the plan's kernel
+        (`PlanKernel.quantized`), so `plan.save` stores it and the plan then runs without it."""
         torch = _torch()
         prim = prim if prim is not None else plan.primitive_graph()
         if source is None and any(k.kind == "region" for k in plan.kernels):
             source = plan.source_graph()
         self.plan = plan
         self.prim = prim
+        self.source = source
+        self._fp32: PlanExecutor | None = None
         self.threads = int(threads or usable_cores())
         t0 = time.perf_counter()
         if not plan.buffers:
@@ -169,7 +169,14 @@ class PlanExecutor:
             task = bar.add_task(f"compiling {len(order)} kernels", total=len(order))
         try:
             for k in it:
-                compiled, backend, notes = build_kernel(prim, k, self.threads, source)
+                quantized = plan.quantized_model(k.id) if k.precision == "int8" else None
+                compiled, backend, notes = build_kernel(prim, k, self.threads, source,
+                                                        calibration=(calibration or {}).get(k.id),
+                                                        quantized=quantized)
+                made = getattr(compiled, "quantized", None)
+                if made is not None and quantized is None and \
+                        backend == (k.backend or DEFAULT_BACKEND.get(k.kind, "ort")):
+                    k.quantized = made     # quantized here: kept for plan.save
                 missing = [i for i in k.inputs if i not in self.tensors]
                 if missing:
                     raise PlanError(f"kernel '{k.id}' reads {missing[:3]}, which no earlier kernel or input holds")
@@ -219,6 +226,46 @@ class PlanExecutor:
         self.run_bound()
         return {o: self.tensors[o].numpy().copy() for o in self.prim.outputs}
 
+    def capture(self, feeds: list[dict[str, Any]], kernel_ids: list[str]) -> dict[str, list[dict[str, np.ndarray]]]:
+        """Run the fp32 plan on each feed and return each named kernel's input feeds, as the plan
+        hands them to it (its non-constant inputs, copied right before it runs): the calibration
+        data of a kernel inside a plan. A plan with reduced-precision kernels is captured on an fp32
+        copy of itself, compiled once."""
+        ids = list(dict.fromkeys(kernel_ids))
+        if not ids:
+            return {}
+        known = {s.kernel.id for s in self.slots}
+        missing = [k for k in ids if k not in known]
+        if missing:
+            raise PlanError(f"capture: the plan has no kernel(s) {missing[:3]} (its kernels: "
+                            f"{sorted(known)[:6]}{' ...' if len(known) > 6 else ''})")
+        ex = self
+        if any(s.kernel.precision != "fp32" for s in self.slots):
+            if self._fp32 is None:
+                fp32 = self.plan.copy()
+                for k in fp32.kernels:
+                    k.precision, k.quantized = "fp32", None
+                    k.schedule.pop("quantized", None)
+                self._fp32 = PlanExecutor(fp32, self.prim, threads=self.threads, source=self.source)
+            ex = self._fp32
+        want = set(ids)
+        last = max(j for j, s in enumerate(ex.slots) if s.kernel.id in want)
+        out: dict[str, list[dict[str, np.ndarray]]] = {k: [] for k in ids}
+        for feed in feeds:
+            ex.set_inputs(feed)
+            for s in ex.slots[:last + 1]:
+                if s.kernel.id in want:
+                    out[s.kernel.id].append({n: ex.tensors[n].numpy().copy() for n in s.compiled.input_names})
+                s.call()
+        return out
+
+    def precision_counts(self) -> dict[str, int]:
+        """Kernels per precision, as built."""
+        out: dict[str, int] = {}
+        for s in self.slots:
+            out[s.kernel.precision] = out.get(s.kernel.precision, 0) + 1
+        return out
+
     def kernel_times(self, budget_s: float = 0.02) -> list[float]:
         """Median time of each kernel alone (bound to the same buffers)."""
         from tensorplan.measure.timer import measure
@@ -257,6 +304,7 @@ class RunResult:
     errors: dict[str, float] = field(default_factory=dict)
     tol: float | None = None
     reference: str | None = None     # the model ONNX Runtime ran as the reference: the file as given
+    precisions: dict[str, int] = field(default_factory=dict)   # kernels per precision
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "outputs"}
@@ -324,7 +372,8 @@ def run_cpu_plan(plan: "Plan", prim: Graph, feeds: dict[str, np.ndarray], *, che
     return RunResult(model=str(plan.source.get("model")), kernels=len(ex.slots), median_s=tm.median_s,
                      timing=tm.to_dict(), predicted_s=plan.predicted_s, max_rel_err=max_err, ok=ok, tol=tol,
                      backends=ex.backend_counts(), compile_s=ex.compile_s, arena_bytes=ex.arena_bytes,
-                     fallbacks=fallbacks, outputs=outs, kernel_sum_s=ksum, errors=errors, reference=reference)
+                     fallbacks=fallbacks, outputs=outs, kernel_sum_s=ksum, errors=errors, reference=reference,
+                     precisions=ex.precision_counts())
 
 
 __all__ = ["PlanExecutor", "RunResult", "build_kernel", "kernel_graph", "ort_reference", "run_cpu_plan", "run_original"]

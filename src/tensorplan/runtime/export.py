@@ -5,9 +5,14 @@ Why: users deploy with ONNX Runtime, not with tensorplan. Every exact rewrite a 
 Runtime (on the Korch benchmark models the race keeps one region session over the whole
 rewritten graph) the rewritten model *is* the plan: `pip install onnxruntime` is all it needs.
 Where the plan also has TVM, PyTorch or Inductor kernels the file is the rewritten model without
-them, and the result says so. Either way the file is checked against ONNX Runtime on the original
-model and timed against it, interleaved, so it ships with its measured proof; the session
-options it was timed with are stored in the file's metadata.
+them, and the result says so. Precision: a plan whose one kernel is an int8 ONNX Runtime region
+over the whole rewritten model exports as that kernel's quantized (QDQ) model, which is the plan
+itself; reduced-precision kernels an ONNX file cannot carry faithfully (bf16/fp16, which ONNX
+Runtime's CPU provider has no kernels for; OpenVINO's int8 IR; int8 regions of a plan of several
+kernels) are not carried: the file is the fp32 rewritten model and the result says so. Either
+way the file is checked against ONNX Runtime on the original model and timed against it,
+interleaved, so it ships with its measured proof; the session options it was timed with are
+stored in the file's metadata.
 """
 from __future__ import annotations
 
@@ -62,7 +67,8 @@ class ExportResult:
 
 
 def _plan_relation(plan: "Plan", source_nodes: set[str]) -> tuple[bool, str, dict[str, int], dict[str, Any]]:
-    """(exact, relation, kernels outside ONNX Runtime by backend, session options of its regions)."""
+    """(exact, relation, kernels the file does not carry by backend (and precision, when not fp32),
+    session options of its regions)."""
     from tensorplan.runtime.executor import DEFAULT_BACKEND
     outside: dict[str, int] = {}
     spinning = False
@@ -72,12 +78,25 @@ def _plan_relation(plan: "Plan", source_nodes: set[str]) -> tuple[bool, str, dic
         if backend == "ort":
             spinning = spinning or bool(k.schedule.get("spinning", False))
             covered |= set(k.schedule.get("operators") or ())
-        else:
-            outside[backend] = outside.get(backend, 0) + 1
+        if backend != "ort" or k.precision != "fp32":
+            key = backend if k.precision == "fp32" else f"{backend} {k.precision}"
+            outside[key] = outside.get(key, 0) + 1
     n = len(plan.kernels)
-    if not outside and n == 1 and plan.kernels[0].kind == "region" and covered == source_nodes:
+    whole = n == 1 and plan.kernels[0].kind == "region" and covered == source_nodes
+    if whole and plan.kernels[0].precision == "int8" and set(outside) == {"ort int8"}:
+        return True, ("the plan itself: its one kernel, ONNX Runtime's int8 (QDQ) model of the whole rewritten "
+                      "model"), {}, {"spinning": spinning}
+    if not outside and whole:
         return True, "the plan itself: one ONNX Runtime session over the whole rewritten model", {}, \
             {"spinning": spinning}
+    reduced = {b: c for b, c in outside.items() if " " in b}
+    if reduced:
+        parts = ", ".join(f"{c} {b}" for b, c in sorted(reduced.items()))
+        return False, (f"the rewritten model at fp32 only: {sum(reduced.values())} of the plan's {n} kernels run "
+                       f"at reduced precision ({parts}), which one ONNX file for ONNX Runtime does not carry "
+                       "faithfully (ONNX Runtime's CPU provider has no bf16/fp16 kernels, OpenVINO's int8 model "
+                       "is OpenVINO IR, and only an int8 plan of one ONNX Runtime kernel is one QDQ model); "
+                       "`tensorplan run PLAN` runs the plan itself"), outside, {"spinning": spinning}
     if not outside:
         return False, (f"the plan's {n} ONNX Runtime kernels as one session over the rewritten model "
                        "(same operators, fewer kernel boundaries)"), {}, {"spinning": spinning}
@@ -103,7 +122,16 @@ def export_plan(plan: "Plan", out: str | Path, *, threads: int | None = None, ch
     for rule, _ in plan.source.get("rewrites") or []:
         rewrites[rule] = rewrites.get(rule, 0) + 1
     exact, relation, outside, sess_opts = _plan_relation(plan, {n.name for n in graph.nodes})
-    return _write(original, graph, out, source="plan", spec=str(plan.source.get("model")),
+    model = None
+    if exact and plan.kernels[0].precision == "int8":   # the plan's own quantized model
+        import onnx
+        q = plan.quantized_model(plan.kernels[0].id)
+        if q is None:
+            raise TensorplanError(f"kernel '{plan.kernels[0].id}' is int8 but has no quantized model yet: quantize "
+                                  "it (Plan.with_precision(..., calibration=FEEDS)) before exporting the plan")
+        model = onnx.load_model_from_string(q.model)
+        tol = plan.accuracy_tolerance() if tol is None else tol
+    return _write(original, graph, out, source="plan", spec=str(plan.source.get("model")), model=model,
                   opset=int(plan.source.get("opset", 17)), exact=exact, relation=relation, outside=outside,
                   rewrites=rewrites, kernels=len(plan.kernels), spinning=sess_opts["spinning"] if spinning is None
                   else bool(spinning), fingerprint=str(plan.source.get("fingerprint", "")), threads=threads,
@@ -128,8 +156,10 @@ def export_model(original: Graph, out: str | Path, *, threads: int | None = None
 def _write(original: Graph, graph: Graph, out: str | Path, *, source: str, spec: str, opset: int, exact: bool,
            relation: str, outside: dict[str, int], rewrites: dict[str, int], kernels: int, spinning: bool,
            fingerprint: str | None, threads: int | None, check: bool, tol: float | None, rounds: int,
-           log: Callable[[str], None] | None, reference: tuple[bytes, str] | None = None) -> ExportResult:
-    """Write `graph` (the rewritten `original`) with its provenance in the metadata; check and time it."""
+           log: Callable[[str], None] | None, reference: tuple[bytes, str] | None = None,
+           model=None) -> ExportResult:
+    """Write `graph` (the rewritten `original`; or `model`, an ONNX model of it such as its int8
+    quantization) with its provenance in the metadata; check and time it."""
     from tensorplan import __version__
     from tensorplan.ir.analysis import graph_flops
     from tensorplan.ir.reference import default_tolerance
@@ -144,7 +174,8 @@ def _write(original: Graph, graph: Graph, out: str | Path, *, source: str, spec:
                               f"from the model's {original.inputs} -> {original.outputs}; it would not be a drop-in "
                               "replacement (re-run `tensorplan orchestrate`)")
     say(f"{spec}: {relation}")
-    model = graph_to_onnx(graph)
+    int8 = model is not None
+    model = graph_to_onnx(graph) if model is None else model
     session = {"intra_op_num_threads": threads, "inter_op_num_threads": 1,
                "graph_optimization_level": "ORT_ENABLE_ALL",
                "session.intra_op.allow_spinning": "1" if spinning else "0"}
@@ -152,6 +183,7 @@ def _write(original: Graph, graph: Graph, out: str | Path, *, source: str, spec:
             "rewrites": json.dumps(rewrites, sort_keys=True), "ort_session": json.dumps(session, sort_keys=True)}
     if fingerprint is not None:
         meta["plan_fingerprint"] = fingerprint
+    meta["precision"] = "int8" if int8 else "fp32"
     meta["version"] = __version__
     for k, v in meta.items():
         p = model.metadata_props.add()
@@ -161,10 +193,11 @@ def _write(original: Graph, graph: Graph, out: str | Path, *, source: str, spec:
     if out.is_dir():
         raise TensorplanError(f"-o {out} is a directory; name the ONNX file to write, e.g. {out / 'model.onnx'}")
     atomic_write(out, data)
-    say(f"wrote {out} ({len(data) / 2**20:.1f} MiB, {len(graph.nodes)} operators)")
+    say(f"wrote {out} ({len(data) / 2**20:.1f} MiB, {len(model.graph.node)} operators)")
 
     res = ExportResult(model=spec, path=str(out), source=source, exact=exact, relation=relation, kernels=kernels,
-                       outside_ort=outside, rewrites=rewrites, nodes=(len(original.nodes), len(graph.nodes)),
+                       outside_ort=outside, rewrites=rewrites,
+                       nodes=(len(original.nodes), len(model.graph.node) if int8 else len(graph.nodes)),
                        gflop=(graph_flops(original) / 1e9, graph_flops(graph) / 1e9), bytes=len(data),
                        session=session, tol=default_tolerance(original) if tol is None else tol)
     if check or rounds > 0:

@@ -13,6 +13,7 @@ independently of the solver that produced it (`verify`). Schema
  "device": {...DeviceSpec.to_dict()},
  "kernels": [{"id": "k0", "candidate": 17, "nodes": [...], "inputs": [...], "outputs": [...],
               "kind": "memory"|"linear"|"opaque"|"region", "backend": "tvm"|"torch"|"ort"|"reference"|"",
+              "precision": "fp32"|"bf16"|"fp16"|"int8",   # absent in older plans: fp32
               "schedule": {...},                  # region kernels: {"operators": [original nodes], ...} "predicted_s": 1.2e-5, "canonical_hash": "..."}],
  "order": ["k3", "k0", ...],                        # execution order (topological)
  "buffers": [{"tensor", "bytes", "first_use", "last_use", "slot"}],  # indices into order
@@ -28,6 +29,13 @@ factory, or whose ONNX file's hash differs, is refused unrun. Every field is typ
 range-checked when read (`from_dict`: one PlanError naming the field and kernel), and every command
 that uses a plan verifies it against its model first (`check`: fingerprints, node names, kernel
 cover, no kernel twice, buffers; `load_plan` does it on reading).
+
+Each kernel runs at its own precision (`PlanKernel.precision`; kernels take and return fp32
+tensors, so precisions mix freely). An int8 kernel's quantized model is data the plan needs but
+JSON cannot hold: `save` writes it beside plan.json (`<plan>.<kernel>.int8.onnx` for ONNX Runtime,
+`.xml` + `.bin` OpenVINO IR for OpenVINO) and the kernel's `schedule["quantized"]` names the
+file(s) and their sha256, so `tensorplan run plan.json` rebuilds the kernel without calibration
+data; a file that is missing or changed is refused.
 
 A plan keeps its model's graphs in memory: the pipeline that makes it hands over the model as
 loaded, the rewritten graph and the primitive graph; a plan read from a file derives them once,
@@ -53,12 +61,17 @@ from tensorplan.ir.graph import Graph
 if TYPE_CHECKING:
     import numpy as np
 
+    from tensorplan.kernels.vendor import QuantizedModel
     from tensorplan.runtime.executor import RunResult
     from tensorplan.runtime.export import ExportResult
 
 SCHEMA = "tensorplan.korch/1"
 KINDS = ("memory", "linear", "opaque", "region")
 BACKENDS = ("tvm", "ort", "openvino", "torch", "torch-inductor", "reference")   # runtime.executor.FALLBACKS
+#: The accuracy budget a plan with reduced-precision kernels is checked against when none is recorded
+#: (options["tolerance"]): normalised max error (tensorplan.ir.reference.rel_error) vs fp32.
+REDUCED_PRECISION_TOLERANCE = 0.02
+_QUANTIZED_FORMATS = ("onnx", "openvino")
 _MAX_BYTES = 1 << 40          # no tensor or arena slot of a plan this tensorplan runs is a TiB
 _MAX_THREADS = 4096
 _MAX_DIM = 1 << 31
@@ -81,11 +94,14 @@ class PlanKernel:
     schedule: dict[str, Any] = field(default_factory=dict)
     canonical_hash: str = ""
     candidate: int = -1
+    precision: str = "fp32"
+    # an int8 kernel's quantized model, in memory until `Plan.save` writes it (never in the JSON)
+    quantized: "QuantizedModel | None" = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "candidate": self.candidate, "nodes": list(self.nodes),
                 "inputs": list(self.inputs), "outputs": list(self.outputs), "kind": self.kind,
-                "backend": self.backend, "schedule": dict(self.schedule),
+                "backend": self.backend, "precision": self.precision, "schedule": dict(self.schedule),
                 "predicted_s": float(self.predicted_s), "canonical_hash": self.canonical_hash}
 
     @classmethod
@@ -111,12 +127,25 @@ class PlanKernel:
         if backend and backend not in BACKENDS:
             raise PlanError(f"plan field {where}.backend is {backend!r}, which this tensorplan does not know "
                             f"({', '.join(BACKENDS)})")
+        precision = f.str("precision", default="fp32")
+        if precision != "fp32" and precision not in _precisions():
+            raise PlanError(f"plan field {where}.precision is {precision!r}; a kernel runs at one of "
+                            f"{', '.join(_precisions())}")
         schedule = f.dict("schedule")
         _check_schedule(schedule, f"{where}.schedule", kind)
+        if "quantized" in schedule and precision != "int8":
+            raise PlanError(f"plan field {where}.schedule.quantized names a quantized model, but the kernel's "
+                            f"precision is {precision}, not int8")
         return cls(id=kid, nodes=nodes, inputs=inputs, outputs=outputs, kind=kind,
                    predicted_s=f.seconds("predicted_s"), backend=backend, schedule=schedule,
                    canonical_hash=f.str("canonical_hash", default=""), candidate=f.int("candidate", default=-1,
-                                                                                      lo=-1))
+                                                                                      lo=-1),
+                   precision=precision)
+
+
+def _precisions() -> tuple[str, ...]:
+    from tensorplan.precision.native import PRECISIONS
+    return tuple(PRECISIONS)
 
 
 @dataclass
@@ -139,6 +168,8 @@ class Plan:
     _graph: Graph | None = field(default=None, init=False, repr=False, compare=False)
     _prim: Graph | None = field(default=None, init=False, repr=False, compare=False)
     _checked: bool = field(default=False, init=False, repr=False, compare=False)
+    # the folder of the plan file it was read from or saved to: where its int8 models are
+    _dir: Path | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- queries --------------------------------------------------------------------------
     @property
@@ -278,10 +309,125 @@ class Plan:
         return prim
 
     def copy(self) -> "Plan":
-        """An independent copy of the plan's data that shares its (read-only) graphs: a variant to edit."""
+        """An independent copy of the plan's data that shares its (read-only) graphs and its kernels'
+        quantized models: a variant to edit."""
         other = Plan.from_dict(json.loads(self.to_json()))
         other.keep_graphs(self._model, self._graph, self._prim)
+        other._dir = self._dir
+        for k, mine in zip(other.kernels, self.kernels):
+            k.quantized = mine.quantized
         return other
+
+    # -- precision --------------------------------------------------------------------------
+    def with_precision(self, kernel_id: str, precision: str, backend: str | None = None, *,
+                       calibration: list[dict] | None = None, quantized: "QuantizedModel | None" = None) -> "Plan":
+        """A copy of the plan with one kernel at `precision` (and on `backend`, when given; its
+        schedule is then reset to what that backend needs). PlanError when the kernel does not
+        exist, the precision is unknown, or the backend builds no kernel at that precision. An int8
+        kernel needs its quantized model before it runs or is saved: `quantized` (an
+        `Int8Kernel.quantized` made while measuring it) or `calibration` (feeds for its inputs,
+        `PlanExecutor.capture`), quantized here; otherwise `PlanExecutor(..., calibration=)` makes
+        it. Its predicted_s is left as it was."""
+        from tensorplan.kernels.vendor import BACKEND_PRECISIONS, quantize_kernel
+        from tensorplan.runtime.executor import DEFAULT_BACKEND, kernel_graph
+        if precision not in _precisions():
+            raise PlanError(f"precision {precision!r} for kernel '{kernel_id}': a kernel runs at one of "
+                            f"{', '.join(_precisions())}")
+        if backend is not None and backend not in BACKENDS:
+            raise PlanError(f"backend {backend!r} for kernel '{kernel_id}' is not one of {', '.join(BACKENDS)}")
+        other = self.copy()
+        k = other.kernel(kernel_id)
+        runs_on = backend or k.backend or DEFAULT_BACKEND.get(k.kind, "ort")
+        if precision not in BACKEND_PRECISIONS.get(runs_on, ("fp32",)):
+            able = [b for b, ps in BACKEND_PRECISIONS.items() if precision in ps]
+            raise PlanError(f"kernel '{kernel_id}' runs on {runs_on}, which has no {precision} kernels; pass a "
+                            f"backend that has ({', '.join(able)})")
+        moved = backend is not None and backend != k.backend
+        if moved:
+            k.backend = backend
+            k.schedule = {x: v for x, v in k.schedule.items() if x == "operators"}
+        if precision != k.precision or moved or quantized is not None or calibration is not None:
+            k.schedule.pop("quantized", None)
+            k.quantized = None
+        k.precision = precision
+        if precision == "int8" and quantized is not None:
+            k.quantized = quantized
+        elif precision == "int8" and calibration is not None:
+            sub = kernel_graph(other.check(), k, other.source_graph() if k.kind == "region" else None)
+            k.quantized = quantize_kernel(sub, list(k.outputs), runs_on, calibration, k.id)
+        elif precision != "int8" and (quantized is not None or calibration is not None):
+            raise PlanError(f"kernel '{kernel_id}' at {precision}: quantized models and calibration feeds are for "
+                            "int8 kernels only")
+        return other
+
+    def precisions(self) -> dict[str, int]:
+        """Kernels per precision."""
+        out: dict[str, int] = {}
+        for k in self.kernels:
+            out[k.precision] = out.get(k.precision, 0) + 1
+        return out
+
+    def accuracy_tolerance(self) -> float | None:
+        """The error budget the plan's outputs are checked against when it has reduced-precision
+        kernels: the tolerance it was made with (options["tolerance"]), else
+        REDUCED_PRECISION_TOLERANCE; None for an all-fp32 plan (checked at fp32 tolerances)."""
+        if all(k.precision == "fp32" for k in self.kernels):
+            return None
+        tol = self.options.get("tolerance")
+        return float(tol) if isinstance(tol, (int, float)) and not isinstance(tol, bool) and tol > 0 \
+            else REDUCED_PRECISION_TOLERANCE
+
+    def quantized_model(self, kernel_id: str) -> "QuantizedModel | None":
+        """An int8 kernel's quantized model: held in memory, else read from the file(s) its
+        `schedule["quantized"]` names beside the plan file (their sha256 checked; PlanError when
+        missing or changed); None when it has none yet."""
+        from tensorplan.kernels.vendor import QuantizedModel
+        k = self.kernel(kernel_id)
+        if k.quantized is not None or "quantized" not in k.schedule:
+            return k.quantized
+        q = k.schedule["quantized"]
+        if self._dir is None:
+            raise PlanError(f"kernel '{k.id}' keeps its int8 model in '{q['file']}' beside its plan file, but this "
+                            "plan was not read from a file; load it with Plan.load(PATH)")
+        parts = []
+        for key in ("file", "weights"):
+            if key not in q:
+                parts.append(b"")
+                continue
+            path = self._dir / q[key]
+            if not path.is_file():
+                raise PlanError(f"kernel '{k.id}' is int8 and its quantized model '{path}' does not exist (plan field "
+                                f"schedule.quantized.{key}); keep the files `plan.save` wrote beside the plan")
+            data = path.read_bytes()
+            want = q["sha256" if key == "file" else "weights_sha256"]
+            if hashlib.sha256(data).hexdigest() != want:
+                raise PlanError(f"kernel '{k.id}': its quantized model '{path}' changed since the plan was saved "
+                                f"(sha256 differs from schedule.quantized); save the plan again")
+            parts.append(data)
+        k.quantized = QuantizedModel(q["format"], parts[0], parts[1])
+        return k.quantized
+
+    def _save_quantized(self, path: Path) -> None:
+        """Write each int8 kernel's quantized model beside the plan file `path` and name it in the
+        kernel's schedule (PlanError for an int8 kernel that has none)."""
+        from tensorplan.paths import atomic_write
+        for k in self.kernels:
+            if k.precision != "int8":
+                k.schedule.pop("quantized", None)
+                continue
+            q = self.quantized_model(k.id)
+            if q is None:
+                raise PlanError(f"kernel '{k.id}' is int8 but has no quantized model, so the saved plan could not "
+                                "run: quantize it first (Plan.with_precision(..., calibration=FEEDS), or run it "
+                                "once with PlanExecutor(plan, calibration={kernel: FEEDS}))")
+            stem = f"{path.name.removesuffix('.json')}.{re.sub(r'[^A-Za-z0-9_-]', '_', k.id)}.int8"
+            ext = ".onnx" if q.format == "onnx" else ".xml"
+            entry = {"format": q.format, "file": stem + ext, "sha256": hashlib.sha256(q.model).hexdigest()}
+            atomic_write(path.parent / entry["file"], q.model)
+            if q.format == "openvino":
+                entry.update(weights=stem + ".bin", weights_sha256=hashlib.sha256(q.weights).hexdigest())
+                atomic_write(path.parent / entry["weights"], q.weights)
+            k.schedule["quantized"] = entry
 
     # -- using it ---------------------------------------------------------------------------
     def run_threads(self, threads: int | None = None) -> int:
@@ -298,13 +444,15 @@ class Plan:
             progress: bool = False) -> "RunResult":
         """Compile the kernels, run the plan on `feeds` (default: seeded random inputs), time it (median
         of `repeats` runs, or of ~`budget_s` seconds) and, with `check`, compare its outputs with ONNX
-        Runtime on the original model (max relative error <= `tol`, default 1e-4 for fp32 outputs).
+        Runtime on the original model (max relative error <= `tol`, default 1e-4 for fp32 outputs;
+        for a plan with reduced-precision kernels, `accuracy_tolerance()`).
         Plans made for a GPU run as PyTorch kernels replayed as one CUDA graph."""
         from tensorplan.ir.reference import default_tolerance, random_feeds
         from tensorplan.runtime.torch_runner import is_torch_plan
         prim = self.check()
         feeds = feeds if feeds is not None else random_feeds(prim, seed=0)
-        tol = default_tolerance(prim) if tol is None else tol
+        if tol is None:
+            tol = max(default_tolerance(prim), self.accuracy_tolerance() or 0.0)
         n = self.run_threads(threads)
         if is_torch_plan(self):
             from tensorplan.runtime.torch_runner import run_torch_plan
@@ -371,10 +519,13 @@ class Plan:
         return json.dumps(self.to_dict(), indent=1, default=_json_default)
 
     def save(self, path: str | Path) -> Path:
-        """Write atomically (temp file + rename), so a crash never leaves half a plan."""
+        """Write atomically (temp file + rename), so a crash never leaves half a plan; an int8
+        kernel's quantized model goes into a file beside it (module docstring)."""
         from tensorplan.paths import atomic_write
         path = Path(path)
+        self._save_quantized(path)
         atomic_write(path, self.to_json().encode())
+        self._dir = path.resolve().parent
         return path
 
     @classmethod
@@ -402,6 +553,7 @@ class Plan:
             raise PlanError(f"plan file '{path}' does not hold a JSON object")
         try:
             plan = cls.from_dict(d)
+            plan._dir = path.resolve().parent
             if check:
                 plan.check()
         except PlanError as e:
@@ -419,7 +571,8 @@ class Plan:
                                                                    "objective_s")},
                            opaque=list(self.source.get("opaque", [])), rewrites=list(self.source.get("rewrites", [])),
                            timing=dict(self.timing), recomputed_primitives=self.stats.get("recomputed_primitives"),
-                           race=self.stats.get("race"), arena_bytes=int(sum(self.slots)))
+                           race=self.stats.get("race"), arena_bytes=int(sum(self.slots)),
+                           precisions=self.precisions())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,6 +676,8 @@ def _check_schedule(sched: dict[str, Any], where: str, kind: str) -> None:
             raise f._bad("device", "'cpu' or 'cuda'", dev)
     if kind == "region" or "operators" in sched:
         f.names("operators", nonempty=True)
+    if "quantized" in sched:
+        _check_quantized(_Fields(sched, where).dict("quantized"), f"{where}.quantized")
     if sched.get("name") == "sampled" or "trace" in sched:
         # a sampled TVM schedule: its meta_schedule trace, replayed when the kernel is rebuilt
         trace = sched.get("trace")
@@ -530,6 +685,23 @@ def _check_schedule(sched: dict[str, Any], where: str, kind: str) -> None:
             raise f._bad("name", "'sampled' (only a sampled schedule carries a trace)", sched.get("name"))
         if not isinstance(trace, list) or not trace or not all(isinstance(x, (list, dict)) for x in trace):
             raise f._bad("trace", "a non-empty list (a meta_schedule trace as JSON, from TunedCost)", trace)
+
+
+def _check_quantized(q: dict[str, Any], where: str) -> None:
+    """An int8 kernel's stored quantized model: its format, and plain file names beside the plan (no
+    folders: a plan never reads files elsewhere) with their sha256."""
+    f = _Fields(q, where)
+    fmt = f.str("format")
+    if fmt not in _QUANTIZED_FORMATS:
+        raise f._bad("format", f"one of {', '.join(_QUANTIZED_FORMATS)}", fmt)
+    for key, digest in (("file", "sha256"), ("weights", "weights_sha256")):
+        if key == "weights" and fmt != "openvino":
+            continue
+        name = f.name(key)
+        if name != Path(name).name or name in (".", "..") or "\\" in name:
+            raise f._bad(key, "a file name beside the plan (no folders)", name)
+        if not re.fullmatch(r"[0-9a-f]{64}", f.str(digest)):
+            raise f._bad(digest, "a sha256 hex digest (64 hex digits)", q.get(digest))
 
 
 def _check_buffer(b: Any, j: int) -> None:
@@ -661,6 +833,7 @@ class PlanSummary:
     recomputed_primitives: int | None
     race: dict[str, Any] | None
     arena_bytes: int
+    precisions: dict[str, int] = field(default_factory=dict)   # kernels per precision
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -914,5 +1087,6 @@ def _check_convex(prim: Graph, k: PlanKernel, pos: dict[str, int]) -> None:
                 stack.append(c.name)
 
 
-__all__ = ["BACKENDS", "KINDS", "SCHEMA", "Plan", "PlanKernel", "PlanSummary", "check_source", "file_sha256",
-           "is_factory_spec", "kernel_io", "load_plan", "model_origin", "topo_order", "verify"]
+__all__ = ["BACKENDS", "KINDS", "REDUCED_PRECISION_TOLERANCE", "SCHEMA", "Plan", "PlanKernel", "PlanSummary",
+           "check_source", "file_sha256", "is_factory_spec", "kernel_io", "load_plan", "model_origin", "topo_order",
+           "verify"]

@@ -37,11 +37,17 @@ class TorchPlanRunner:
         if bad:
             raise PlanError(f"plan kernels {bad} are ONNX Runtime regions, which run on the CPU only; "
                             f"re-run orchestrate with a torch device cost (regions off)")
+        int8 = [k.id for k in plan.kernels if k.precision == "int8"]
+        if int8:
+            raise PlanError(f"plan kernels {int8[:5]} are int8 (ONNX Runtime / OpenVINO quantized models), which "
+                            "run on the CPU only; re-plan them at fp32, bf16 or fp16 for a torch device")
+        autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}
         by_id = {k.id: k for k in plan.kernels}
         self.order = [by_id[i] for i in plan.order]
         t0 = time.perf_counter()
         self.kernels = {k.id: build_kernel(self.prim, k.nodes, k.inputs, k.outputs, device=self.device,
-                                           compile=compile) for k in self.order}
+                                           compile=compile, autocast=autocast.get(k.precision))
+                        for k in self.order}
         self.build_s = time.perf_counter() - t0
         last: dict[str, int] = {}
         for j, k in enumerate(self.order):

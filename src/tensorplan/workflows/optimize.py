@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,10 +29,15 @@ from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir.graph import Graph
 from tensorplan.runtime.plan import Plan
 from tensorplan.workflows.orchestrate import Problem, prepare, race_finalists, solve_problem
+from tensorplan.workflows.precision_search import FP32_RUNNER, PrecisionSearch
+from tensorplan.workflows.precision_search import check_arguments as check_precision_arguments
 from tensorplan.zoo.specs import as_graph
 
 SAMPLE_SHARE = 0.30      # of the budget: schedule sampling + featurising + prediction
 MEASURE_UNTIL = 0.70     # of the budget: lazy measurement stops starting new rounds after this
+MEASURE_UNTIL_PRECISION = 0.50   # the same when a reduced precision is searched after the race
+PRECISION_UNTIL = 0.85   # of the budget: the precision search stops trying new variants after this
+PRECISION_MIN_SHARE = 0.10       # ... but has at least this share of the budget after the race
 # the runner-up solution is timed only when its predicted objective is within this share of the
 # solution's: further away, no error of the predictor (plan-time median |rel. error| ~0.12, per
 # kernel ~0.2-0.3) could make it win, so timing it decides nothing
@@ -90,6 +95,12 @@ class OptimizeSummary:
     noisy: str | None = None           # why the timing run is not to be trusted, or None
     artifacts: dict[str, str] = field(default_factory=dict)
     total_s: float = 0.0
+    precision: PrecisionSearch | None = None  # the reduced-precision search, when one ran
+
+    @property
+    def reduced(self) -> bool:
+        """Whether the kept plan runs kernels below fp32 (its check is then the accuracy tolerance)."""
+        return self.precision is not None and bool(self.precision.reduced)
 
     @property
     def measured_share(self) -> float:
@@ -97,7 +108,8 @@ class OptimizeSummary:
         return self.measured / max(self.unique_kernels, 1)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, precision=None))
+        d["precision"] = self.precision.to_dict() if self.precision is not None else None
         d["measured_share"] = self.measured_share
         return d
 
@@ -108,6 +120,8 @@ class OptimizeSummary:
             raise PlanError("this plan was not made by `optimize` (no stats.optimize)")
         d.pop("measured_share", None)
         d["iterations"] = [Iteration(**it) for it in d.get("iterations") or []]
+        if d.get("precision") is not None:
+            d["precision"] = PrecisionSearch.from_dict(d["precision"])
         return cls(**d)
 
 
@@ -133,7 +147,8 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
              samples: int | None = None, top_k: int = 3, race: bool = True, peers: bool = True, regions: bool = True,
              max_nodes: int = 8, max_reduces: int | None = 2, time_limit: float | None = None,
              feeds: dict[str, np.ndarray] | None = None, progress: bool = False,
-             log: Callable[[str], None] | None = None) -> Plan:
+             log: Callable[[str], None] | None = None, ray_address: str | None = None, precision: str = "fp32",
+             tolerance: float = 0.02, calibration: str | Path | None = None) -> Plan:
     """Plan `model` (a `Graph`, ONNX path, zoo name or PyTorch factory) on `device` within `budget_s`
     seconds (or '10m'); returns the verified plan, its summary in `plan.stats["optimize"]`
     (`OptimizeSummary.from_plan`).
@@ -145,7 +160,18 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     model. `out_dir`: writes `plan.json`, `report.html` and, when ONNX Runtime runs the whole plan,
     the plan as one ONNX file (`model.onnx`); otherwise the plan JSON is the artifact (`tensorplan
     run`). `store`: the measurement store (default the project's); `feeds`: the inputs the race, the
-    check and the timing use (default seeded random)."""
+    check and the timing use (default seeded random). `ray_address`: the kernels that decide are
+    compiled and timed on that Ray cluster's workers offering this device (`measure.cluster`).
+
+    `precision`: "fp32" (default), one of "bf16", "fp16", "int8", or "auto" (every precision this
+    CPU runs natively): after the fp32 plan is chosen, each of its heaviest kernels gets the fastest
+    (backend, precision) whose model outputs on the calibration inputs stay within `tolerance` of
+    ONNX Runtime fp32 on the model as given (normalised max error: max |out - ref| / max |ref|); every
+    variant tried is recorded with its accuracy (`workflows.precision_search`, `plan.stats["precision"]`).
+    `calibration`: a directory of inputs (one .npz per sample, or NAME.npy per input with a leading
+    sample axis); without one, 8 random samples are drawn, with a warning (they measure numerical
+    drift, not task accuracy). With a reduced precision the race, the check and the timing run on the
+    first calibration sample unless `feeds` is given."""
     from tensorplan.cost.lazy import LazyCost, PredictedCost
     from tensorplan.ir.reference import random_feeds
 
@@ -154,18 +180,38 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     t_start = time.perf_counter()
     deadline = t_start + budget
     phases: dict[str, float] = {}
+    check_precision_arguments(precision, tolerance)
+    if precision == "fp32" and calibration is not None:
+        raise TensorplanError(f"calibration '{calibration}' calibrates reduced precision, which --precision fp32 does "
+                              "not use: pass --precision auto (or bf16, fp16, int8) with it, or leave it out")
 
     t0 = time.perf_counter()
     g = as_graph(model, input_shapes, opset)
     phases["load_s"] = time.perf_counter() - t0
     say(f"loaded {g.source or g.name}: {len(g.nodes)} operators ({phases['load_s']:.2f}s)")
+    cal = None
+    if precision != "fp32":   # read (and refused) before any time is spent planning
+        from tensorplan.precision.calibration import load_calibration
+        cal = load_calibration(g, calibration)
+        if cal.warning:
+            _warn(f"calibration: {cal.warning}", log)
+        say(f"calibration: {cal.source}")
     spec = devices.device(device)
     local = devices.is_local(spec)
     threads = int(threads or devices.default_threads(spec))
+    if cal is not None:
+        from tensorplan.workflows.precision_search import precisions_to_try
+        tried, _, emulated = precisions_to_try(precision, spec)
+        for w in emulated:
+            _warn(w, log)
+        say(f"precision {precision}: trying {', '.join(tried)} within tolerance {tolerance:g}")
     from tensorplan.measure.store import Store
     st = store if isinstance(store, Store) else Store(store)
     predicted = PredictedCost(device=spec, store=st, threads=threads, samples=int(samples or 16))
     lazy = LazyCost(predicted, top_k=top_k, sample_budget_s=None if samples else SAMPLE_SHARE * budget)
+    if ray_address:
+        from tensorplan.measure.cluster import job_runner
+        lazy.measured.runner = job_runner(ray_address)
     if not local:
         raise TensorplanError(f"optimize measures the kernels that decide on this machine, so the device must be "
                               f"this CPU ('local', 'local-<N>t'), not '{getattr(spec, 'name', device)}'; "
@@ -190,7 +236,8 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     if n_runs:
         say(f"plan-time model fitted on {n_runs} plans measured end to end on this device")
     solve_limit = float(time_limit or max(5.0, min(60.0, 0.05 * budget)))
-    iterations, stop = _measure_what_decides(problem, lazy, plan_model, deadline=t_start + MEASURE_UNTIL * budget,
+    measure_until = MEASURE_UNTIL if cal is None else MEASURE_UNTIL_PRECISION
+    iterations, stop = _measure_what_decides(problem, lazy, plan_model, deadline=t_start + measure_until * budget,
                                              time_limit=solve_limit, progress=progress, say=say)
     phases["measure_s"] = sum(it.measure_s for it in iterations)
     phases["solve_s"] = sum(it.solve_s for it in iterations)
@@ -201,7 +248,7 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
                  kernel_overhead_s=0.0)
     plan = solve_problem(problem, say=say, **solve)
     if feeds is None:
-        feeds = random_feeds(problem.prim, seed=0)
+        feeds = cal.feeds[0] if cal is not None else random_feeds(problem.prim, seed=0)
     finalists: dict[str, dict[str, float]] = {}
 
     def predicted_vs_measured(plans: dict[str, Plan], result: Any) -> None:
@@ -224,6 +271,15 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
                               margin=0.10, burst_s=0.03, feeds=feeds, say=say, on_result=predicted_vs_measured)
         phases["race_s"] = time.perf_counter() - t0
 
+    fp32_plan, search = plan, None
+    if cal is not None:
+        from tensorplan.workflows.precision_search import search_precision
+        t0 = time.perf_counter()
+        until = max(t_start + PRECISION_UNTIL * budget, t0 + PRECISION_MIN_SHARE * budget)
+        plan, search = search_precision(plan, cal, precision=precision, tolerance=tolerance, threads=threads,
+                                        deadline=until, spec=spec, progress=progress, say=say)
+        phases["precision_s"] = time.perf_counter() - t0
+
     summary = OptimizeSummary(
         model=str(g.source or g.name), device=str(getattr(spec, "name", device)), budget_s=budget,
         samples=int(predicted.tuned.samples), draws=int(predicted.tuned.stats.get("draws", 0)),
@@ -231,12 +287,15 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
         top_k=int(top_k), candidates=len(cands), unique_kernels=len(uniq),
         measured=int(lazy.stats["measured"]), from_store=int(lazy.stats["from_store"]), stop=stop,
         iterations=iterations, phases=phases, solo_sum_ms=plan.predicted_s * 1e3,
-        predicted_plan_ms=plan_model.predict(plan, problem.prim) * 1e3, plan_model_runs=n_runs, finalists=finalists)
-    _check_and_time(plan, summary, feeds, threads, peers=peers, opset=opset, say=say)
-    from tensorplan.cost.plan_time import record_plan_run
-    cov = summary.timings["runners"]["tensorplan"]["cov"]
-    record_plan_run(st, spec, plan, summary.measured_plan_ms / 1e3, cov, label="optimize", prim=problem.prim,
-                    threads=threads)
+        predicted_plan_ms=None if plan is not fp32_plan else plan_model.predict(plan, problem.prim) * 1e3,
+        plan_model_runs=n_runs, finalists=finalists, precision=search)   # the plan-time model knows fp32 kernels
+    _check_and_time(plan, summary, feeds, threads, peers=peers, opset=opset, say=say,
+                    fp32_plan=fp32_plan if fp32_plan is not plan else None, calibration=cal)
+    if fp32_plan is plan:   # the plan-time model learns what fp32 kernels cost inside a plan
+        from tensorplan.cost.plan_time import record_plan_run
+        cov = summary.timings["runners"]["tensorplan"]["cov"]
+        record_plan_run(st, spec, plan, summary.measured_plan_ms / 1e3, cov, label="optimize", prim=problem.prim,
+                        threads=threads)
     plan.stats["cost_model"] = lazy.describe()
     if out_dir is not None:
         t0 = time.perf_counter()
@@ -253,6 +312,16 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
         f"{summary.unique_kernels} kernels ({100 * summary.measured_share:.1f}%), {len(iterations)} solves, "
         f"stopped: {stop}")
     return plan
+
+
+def _warn(msg: str, log: Callable[[str], None] | None) -> None:
+    """A warning the user must see: through `log` when given (the CLI prints it on stderr), else as a
+    Python warning (stderr by default)."""
+    if log is not None:
+        log(f"warning: {msg}")
+    else:
+        import warnings
+        warnings.warn(msg, stacklevel=3)
 
 
 def _race_rounds(deadline: float) -> int:
@@ -299,7 +368,7 @@ def _measure_what_decides(p: Problem, lazy: Any, plan_model: Any, *, deadline: f
             batch += _runner_up(prim, cands, objective, sel.chosen, lazy, time_limit,
                                 within_s=(1 + RUNNER_UP_MARGIN) * float(sel.objective_s))
         t0 = time.perf_counter()
-        it.measured_now = lazy.measure(prim, batch, progress=progress)
+        it.measured_now = lazy.measure(prim, batch, progress=progress, deadline=deadline)
         lazy.repredict(prim, cands)
         it.measure_s = time.perf_counter() - t0
         say(f"solve {index + 1}: {len(chosen)} kernels, {len(todo)} predicted only -> timed {it.measured_now} "
@@ -330,9 +399,13 @@ def _runner_up(prim: Graph, cands: list, objective: np.ndarray, chosen: list[int
 
 
 def _check_and_time(plan: Plan, summary: OptimizeSummary, feeds: dict[str, np.ndarray], threads: int, *,
-                    peers: bool, opset: int, say: Callable[[str], None]) -> None:
+                    peers: bool, opset: int, say: Callable[[str], None], fp32_plan: Plan | None = None,
+                    calibration: Any = None) -> None:
     """Run the kept plan against ONNX Runtime on the model as given (a disagreement is an error, never
-    a plan), then time it against the peers users would otherwise deploy, interleaved."""
+    a plan), then time it against the peers users would otherwise deploy, interleaved. A plan with
+    reduced-precision kernels is held to the search's accuracy tolerance instead of fp32 rounding, and
+    is timed beside `fp32_plan` (the plan before the search) and, with `calibration`, the ONNX Runtime
+    int8 peer."""
     from tensorplan.ir.reference import default_tolerance, rel_error
     from tensorplan.measure.timer import pinned_threads
     from tensorplan.runtime.executor import PlanExecutor, run_original
@@ -346,9 +419,16 @@ def _check_and_time(plan: Plan, summary: OptimizeSummary, feeds: dict[str, np.nd
     ref = run_original(data, where, feeds, threads=threads)
     errs = [float(rel_error(np.atleast_1d(outs[o]), np.atleast_1d(ref[o]))) for o in prim.outputs if o in ref]
     tol = default_tolerance(prim)
+    if summary.reduced:
+        tol = max(tol, summary.precision.tolerance)
     summary.max_rel_err = max(errs) if errs else None
     summary.tolerance, summary.reference = tol, where
     summary.phases["verify_s"] = time.perf_counter() - t0
+    if summary.reduced and (summary.max_rel_err is None or summary.max_rel_err > tol):
+        raise PlanError(f"the reduced-precision plan for '{summary.model}' ({summary.precision.reduced}) is within "
+                        f"the tolerance {tol:g} on its {summary.precision.samples} calibration samples but not on "
+                        f"the check inputs (error {summary.max_rel_err} vs ONNX Runtime on {where}): pass inputs "
+                        "like your data with --calibration DIR, raise --tolerance, or plan with --precision fp32")
     if summary.max_rel_err is None or summary.max_rel_err > tol:
         raise PlanError(f"the optimized plan for '{summary.model}' disagrees with ONNX Runtime on {where}: max "
                         f"relative error {summary.max_rel_err} > {tol:g}; this is a tensorplan bug, please report "
@@ -356,10 +436,17 @@ def _check_and_time(plan: Plan, summary: OptimizeSummary, feeds: dict[str, np.nd
     say(f"verified against ONNX Runtime on {where}: max relative error {summary.max_rel_err:.2e}")
     t0 = time.perf_counter()
     from tensorplan.workflows.peers import peer_runners, runners_of, time_interleaved
+    extra, labels = {}, {"tensorplan": "tensorplan plan"}
     with pinned_threads(threads):
-        found = peer_runners(plan.model_graph(), feeds, threads, opset) if peers else []
-        timings = time_interleaved({"tensorplan": ex.run_bound, **runners_of(found)}, peers=found,
-                                   labels={"tensorplan": "tensorplan plan"})
+        if fp32_plan is not None:        # the same plan before the precision search, in the same rounds
+            ex32 = PlanExecutor(fp32_plan, prim, threads=threads)
+            ex32.run(feeds)
+            extra[FP32_RUNNER], labels[FP32_RUNNER] = ex32.run_bound, "tensorplan plan at fp32"
+            labels["tensorplan"] = "tensorplan plan (" + ", ".join(sorted(set(summary.precision.chosen.values()))) + ")"
+        int8 = calibration.feeds if calibration is not None else None   # each runtime's own int8, as users get it
+        found = peer_runners(plan.model_graph(), feeds, threads, opset, int8_calibration=int8) if peers else []
+        timings = time_interleaved({"tensorplan": ex.run_bound, **extra, **runners_of(found)}, peers=found,
+                                   labels=labels)
     summary.timings = asdict(timings)
     summary.measured_plan_ms = timings.runners["tensorplan"].median_ms
     summary.peers_ms = {n: t.median_ms for n, t in timings.runners.items() if t.peer}
@@ -370,8 +457,10 @@ def _check_and_time(plan: Plan, summary: OptimizeSummary, feeds: dict[str, np.nd
     if summary.best_peer is not None:
         summary.speedup_over_best = timings.speedup_over_best("tensorplan")
     summary.phases["peers_s"] = time.perf_counter() - t0
+    fp32_ms = {k: timings.runners[k].median_ms for k in extra}
     say("timed, interleaved: " + ", ".join(f"{k} {v:.3f} ms" for k, v in
-                                           {"tensorplan": summary.measured_plan_ms, **summary.peers_ms}.items())
+                                           {"tensorplan": summary.measured_plan_ms, **fp32_ms,
+                                            **summary.peers_ms}.items())
         + (f" -> {summary.speedup_over_best:.2f}x over {summary.best_peer}" if summary.best_peer else "")
         + (f" (noisy run: {summary.noisy})" if summary.noisy else ""))
 
@@ -382,6 +471,10 @@ def _write(plan: Plan, out: Path, *, threads: int, say: Callable[[str], None]) -
     Runtime on the original by `Plan.export`; otherwise the plan JSON (`tensorplan run`)."""
     out.mkdir(parents=True, exist_ok=True)
     arts = {"plan": str(out / "plan.json"), "report": str(out / "report.html")}
+    reduced = sorted({k.precision for k in plan.kernels} - {"fp32"})
+    if reduced:     # Plan.export writes fp32 operators only: the plan (and its int8 models) is the artifact
+        say(f"the plan runs kernels at {', '.join(reduced)}: deploy {arts['plan']} with `tensorplan run`")
+        return arts
     one = plan.kernels[0] if len(plan.kernels) == 1 else None
     outside = sorted({k.backend for k in plan.kernels} - {"ort"})
     if outside and not (one is not None and one.backend == "openvino"):   # no one-runtime file: no export

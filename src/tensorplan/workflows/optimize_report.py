@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tensorplan.runtime.plan import Plan
 from tensorplan.workflows.peers import PeerTimings, RunnerTiming
+from tensorplan.workflows.precision_search import FP32_RUNNER
 from tensorplan.workflows.report import REPORT_CSS, pyplot, png_data_uri, html_table, noise_note, peers_chart, peers_table
 
 if TYPE_CHECKING:  # optimize calls this module, not the other way round
@@ -42,6 +43,43 @@ def phases_chart(phases: dict[str, float], budget_s: float) -> str:
     return png_data_uri(fig)
 
 
+def precision_section(s: "OptimizeSummary") -> list[str]:
+    """The precision search as HTML parts: what was kept, the calibration (and its warning), and every
+    (backend, precision) tried per kernel with its accuracy beside its speed."""
+    p = s.precision
+    fp32_ms = ((s.timings or {}).get("runners") or {}).get(FP32_RUNNER, {}).get("median_ms")
+    kept = ", ".join(f"{k}: {v}" for k, v in p.chosen.items()) or "no kernel searched"
+    out = ["<h2>Precisions tried</h2>",
+           f"<p>Requested <b>{html.escape(p.requested)}</b>: tried {html.escape(', '.join(p.precisions))} at a "
+           f"tolerance of <b>{p.tolerance:g}</b> (largest |output − fp32 output| over the output's largest "
+           f"magnitude, ONNX Runtime fp32 on the model as given being the reference). Kept: {html.escape(kept)}."
+           + (f" The plan at fp32 ran {fp32_ms:.3f} ms in the same timing run, the kept plan "
+              f"{s.measured_plan_ms:.3f} ms." if fp32_ms is not None and s.measured_plan_ms is not None else "")
+           + (f" Backed off (the combination broke the tolerance): {html.escape(', '.join(p.backed_off))}."
+              if p.backed_off else "") + "</p>"]
+    if p.final is not None:
+        out.append(f"<p>The kept plan, rebuilt from its plan data, on the calibration set: "
+                   f"{html.escape(p.final.short())}.</p>")
+    out.append(f"<p class='note'>Calibration: {html.escape(p.calibration)}. This CPU: "
+               + html.escape("; ".join(f"{k} {v}" for k, v in p.native.items())) + ".</p>")
+    for w in ([p.calibration_warning] if p.calibration_warning else []) + list(p.warnings):
+        out.append(f"<p><span class='bad'>Warning:</span> {html.escape(w)}</p>")
+    rows = []
+    for v in p.variants:
+        a = v.accuracy
+        rows.append([v.kernel, v.backend, v.precision, v.status + (f" ({v.note})" if v.note else ""),
+                     f"{v.median_ms:.3f}" if v.median_ms is not None else "",
+                     f"{a.error:.2g}" if a else "", f"{a.max_abs:.2g}" if a else "", f"{a.max_rel:.2g}" if a else "",
+                     f"{a.cosine:.5f}" if a else "",
+                     f"{a.top1_agreement:.1%}" if a and a.top1_agreement is not None else ""])
+    out += ["<p class='note'>Each variant is the whole plan with that kernel at that backend and precision (the "
+            "kernels searched before it as kept): its time is the median of interleaved rounds against the "
+            "kernel's other variants, its accuracy the plan's outputs on every calibration sample.</p>",
+            html_table(["kernel", "backend", "precision", "status", "plan ms", "error", "max abs", "max rel",
+                        "cosine", "top-1 agreement"], rows)]
+    return out
+
+
 def optimize_report_html(plan: Plan, s: "OptimizeSummary") -> str:
     """The report as one HTML string (`s`: the plan's `OptimizeSummary`)."""
     t = _timings(s)
@@ -55,7 +93,9 @@ def optimize_report_html(plan: Plan, s: "OptimizeSummary") -> str:
     ok = (s.max_rel_err is not None and s.tolerance is not None and s.max_rel_err <= s.tolerance)
     parts.append(f"<p>Checked against ONNX Runtime on {html.escape(s.reference)}: "
                  + (f"<span class='ok'>agree</span> (max relative error {s.max_rel_err:.2e}, tolerance "
-                    f"{s.tolerance:.0e})" if ok else "<span class='bad'>not checked</span>") + ".</p>")
+                    f"{s.tolerance:.0e}" + (", the accuracy budget of the reduced-precision kernels" if s.reduced
+                                            else "") + ")" if ok else "<span class='bad'>not checked</span>")
+                 + ".</p>")
     if t is not None:
         best = s.best_peer
         parts += ["<h2>The plan vs the runtimes you could deploy instead</h2>",
@@ -65,6 +105,8 @@ def optimize_report_html(plan: Plan, s: "OptimizeSummary") -> str:
                   f"{s.solo_sum_ms:.3f} ms" + (f", the plan-time model predicted {s.predicted_plan_ms:.3f} ms"
                                                if s.predicted_plan_ms is not None else "") + ".</p>",
                   noise_note(t), peers_table(t), f"<img alt='latency per round' src='{peers_chart(t)}'>"]
+    if s.precision is not None:
+        parts += precision_section(s)
     race = plan.stats.get("race")
     if race:
         parts.append("<p>Finalists raced end to end before the plan was kept: " + html.escape(", ".join(
@@ -86,11 +128,12 @@ def optimize_report_html(plan: Plan, s: "OptimizeSummary") -> str:
     rows = []
     for k in sorted(plan.kernels, key=lambda k: -k.predicted_s):
         sched = k.schedule or {}
-        rows.append([k.id, k.backend, k.kind, len(k.nodes), f"{k.predicted_s * 1e6:.1f}",
+        rows.append([k.id, k.backend, k.precision, k.kind, len(k.nodes), f"{k.predicted_s * 1e6:.1f}",
                      str(sched.get("name", "")) + (f" (threads {sched['threads']})" if "threads" in sched else "")])
     parts += ["<h2>The plan's kernels</h2>",
-              "<p class='note'>Solo µs: the kernel timed alone (or, where the budget ended first, predicted).</p>",
-              html_table(["kernel", "backend", "kind", "primitives", "solo µs", "schedule"], rows)]
+              "<p class='note'>Solo µs: the kernel timed alone at fp32 (or, where the budget ended first, "
+              "predicted).</p>",
+              html_table(["kernel", "backend", "precision", "kind", "primitives", "solo µs", "schedule"], rows)]
     if plan.source.get("rewrites"):
         from collections import Counter
         rw = Counter(r for r, _ in plan.source["rewrites"])
@@ -108,4 +151,4 @@ def write_optimize_report(plan: Plan, summary: "OptimizeSummary", path: str | Pa
     return out
 
 
-__all__ = ["optimize_report_html", "phases_chart", "write_optimize_report"]
+__all__ = ["optimize_report_html", "phases_chart", "precision_section", "write_optimize_report"]

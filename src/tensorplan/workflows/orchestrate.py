@@ -40,17 +40,23 @@ from tensorplan.zoo.specs import as_graph
 DEFAULT_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "reference", "region": "ort"}
 
 
-def make_cost(cost: Any, spec: Any, store: Any = None, threads: int | None = None, jobs: int = 1):
+def make_cost(cost: Any, spec: Any, store: Any = None, threads: int | None = None, jobs: int = 1,
+              ray_address: str | None = None):
     """Turn the `cost` option into a KernelCost object (see module docstring); `threads` is what the
-    measured model times kernels at, `jobs` how many processes pre-compile torch-built kernels."""
+    measured model times kernels at, `jobs` how many processes pre-compile torch-built kernels,
+    `ray_address` the Ray cluster the measured model's jobs run on (None: here)."""
     from tensorplan.cost import AnalyticalCost
+    if ray_address and (cost not in (None, "measured") or getattr(spec, "kind", "cpu") == "gpu"):
+        raise TensorplanError(f"--ray-address sends the measured cost model's CPU kernel timings to a cluster; "
+                              f"cost {cost or 'measured'} on {getattr(spec, 'name', spec)} times nothing there: "
+                              "use --cost measured on a CPU device, or leave --ray-address out")
     if cost == "torch" or (cost in (None, "measured") and getattr(spec, "kind", "cpu") == "gpu"):
         # a GPU: kernels are PyTorch programs (Inductor, cuDNN/cuBLAS) timed there; "torch" on a CPU
         from tensorplan.cost.torch_device import TorchDeviceCost
         return TorchDeviceCost("cuda" if getattr(spec, "kind", "cpu") == "gpu" else "cpu", jobs=jobs)
     if cost is None or cost == "measured":
         from tensorplan.cost.measured import MeasuredCost
-        return MeasuredCost(device=spec, store=store, threads=threads)
+        return MeasuredCost(device=spec, store=store, threads=threads, ray_address=ray_address)
     if cost == "analytical":
         return AnalyticalCost(spec)
     if cost == "predicted":
@@ -97,7 +103,8 @@ def orchestrate(model: str | Path | Graph, *, device: Any = "local", cost: Any =
                 rewrite: bool = True, winograd: bool = False,
                 race: bool = True, race_inductor: bool = True, race_rounds: int = 15, race_margin: float = 0.10,
                 race_burst_s: float = 0.03, feeds: dict[str, np.ndarray] | None = None,
-                progress: bool = False, log: Callable[[str], None] | None = None) -> Plan:
+                progress: bool = False, log: Callable[[str], None] | None = None,
+                ray_address: str | None = None) -> Plan:
     """Plan the kernels of `model` (a `Graph`, an ONNX path, a zoo name or a PyTorch factory) on
     `device` (a name, a saved spec path or a `DeviceSpec`); returns the verified plan that is kept.
 
@@ -120,7 +127,8 @@ def orchestrate(model: str | Path | Graph, *, device: Any = "local", cost: Any =
     `threads` is what kernels are timed and plans raced with (default: the device's own count,
     every usable core for 'local'); `store` is the measurement store of measured costs; `jobs`
     pre-compiles torch-built kernels in that many processes. `progress` shows a progress bar
-    while costing; `log(msg)` receives one line per finished stage."""
+    while costing; `log(msg)` receives one line per finished stage. `ray_address` sends the
+    measured cost model's compile-and-time jobs to that Ray cluster (`measure.cluster`)."""
     say = log or (lambda msg: None)
     t_all = time.perf_counter()
     t0 = time.perf_counter()
@@ -129,7 +137,7 @@ def orchestrate(model: str | Path | Graph, *, device: Any = "local", cost: Any =
     say(f"loaded {g.source or g.name}: {len(g.nodes)} operators ({load_s:.2f}s)")
     spec = devices.device(device)
     threads = int(threads or devices.default_threads(spec))
-    cm = make_cost(cost, spec, store, threads, jobs)
+    cm = make_cost(cost, spec, store, threads, jobs, ray_address)
     problem = prepare(g, spec, cm, timing={"load_s": load_s}, threads=threads, rewrite=rewrite, winograd=winograd,
                        max_nodes=max_nodes, max_reduces=max_reduces, linear_epilogue=linear_epilogue,
                        regions=regions, region_segments=region_segments, method=method, progress=progress,

@@ -4,7 +4,9 @@ Why: a speed-up means something only against the best thing the user could have 
 the same run on the same inputs at the same thread count. The peers are ONNX Runtime (default session
 options), OpenVINO at fp32 (latency hint; its default on CPUs with bf16 units computes in bf16, so that
 figure is timed too but labelled and never the headline) and `torch.compile` of the model's PyTorch
-module where one exists. Every peer's outputs are checked against ONNX Runtime, so a wrong peer shows;
+module where one exists; on request (`int8_calibration`), ONNX Runtime and OpenVINO int8 as their
+quantizers make them (labelled int8, never the headline). Every peer's outputs are checked against
+ONNX Runtime, so a wrong peer shows;
 a peer that cannot be built is reported with why, never fatal. A run whose rounds spread (CoV above
 10 %) or whose machine was busier than its cores (1-minute load) is flagged noisy.
 """
@@ -27,12 +29,13 @@ from tensorplan.ir.graph import Graph
 MAX_COV = 0.10
 
 ORT, OPENVINO, OPENVINO_DEFAULT, TORCH_COMPILE = "onnxruntime", "openvino", "openvino-default", "torch.compile"
+ORT_INT8, OPENVINO_INT8 = "onnxruntime-int8", "openvino-int8"
 
 
 @dataclass
 class Peer:
     """One runtime built on the original model: `runner()` runs it once on the prepared inputs, or
-    `skipped` says why it could not be built. `precision` is what it computes in ("fp32", "bf16");
+    `skipped` says why it could not be built. `precision` is what it computes in ("fp32", "bf16", "int8");
     only fp32 peers compete for the headline baseline."""
 
     name: str
@@ -163,17 +166,19 @@ def openvino_default_precision() -> str:
     return _ov_precision(_core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
 
 
-def _openvino_peer(name: str, label: str, model: bytes, feeds: dict[str, np.ndarray], config: dict,
+def _openvino_peer(name: str, label: str, model, feeds: dict[str, np.ndarray], config: dict,
                    ref: dict[str, np.ndarray]) -> Peer:
-    """One OpenVINO compiled model on the CPU with `config`, its inputs bound once (shared memory), its
-    outputs checked against `ref`; labelled with the precision the compiled model reports."""
+    """One OpenVINO compiled model on the CPU with `config` (`model`: ONNX bytes or an `openvino.Model`),
+    its inputs bound once (shared memory), its outputs checked against `ref`; labelled with the
+    precision the compiled model reports."""
     import openvino as ov
 
     from tensorplan.kernels.openvino import _core
     t0 = time.perf_counter()
     try:
         core = _core()
-        compiled = core.compile_model(core.read_model(model, b""), "CPU", config)
+        compiled = core.compile_model(core.read_model(model, b"") if isinstance(model, bytes) else model, "CPU",
+                                      config)
         prec = _ov_precision(compiled.get_property("INFERENCE_PRECISION_HINT"))
         req = compiled.create_infer_request()
         keep = []
@@ -220,6 +225,55 @@ def openvino_peers(model: bytes, feeds: dict[str, np.ndarray], threads: int,
     default = openvino_default_precision()
     if default != "fp32":
         peers.append(_openvino_peer(OPENVINO_DEFAULT, f"OpenVINO default ({default})", model, feeds, base, ref))
+    return peers
+
+
+# ------------------------------------------------------------------------------------------------
+# int8 (on request): each runtime's own post-training quantizer, calibrated on the caller's samples
+# ------------------------------------------------------------------------------------------------
+def int8_peers(model: bytes, feeds: dict[str, np.ndarray], threads: int, ref: dict[str, np.ndarray],
+               calibration: list[dict[str, np.ndarray]], *, openvino: bool = True, log=None) -> list[Peer]:
+    """ONNX Runtime running `precision.ort_int8(model, calibration)` (static QDQ) and, with `openvino`,
+    OpenVINO running `precision.openvino_int8(model, calibration)` (NNCF) with its CPU defaults beside
+    the latency hint and `threads`; both labelled int8, checked against `ref`, skipped with why when
+    quantizing fails."""
+    import onnx
+
+    from tensorplan.errors import CompileError
+    from tensorplan.precision import openvino_int8, ort_int8
+    proto = onnx.load_model_from_string(model)
+    peers = []
+    t0 = time.perf_counter()
+    try:
+        q = ort_int8(proto, calibration)
+        sess = ort_cpu_session(q.SerializeToString(), threads)
+        names = [o.name for o in sess.get_outputs()]
+        f = {i.name: feeds[i.name] for i in sess.get_inputs() if i.name in feeds}
+        got = dict(zip(names, ort_run(sess, f)))
+        err, note = _compare([got.get(n) for n in ref], list(ref.values()))
+        peers.append(Peer(ORT_INT8, "ONNX Runtime int8 (static, QDQ)", "int8", runner=lambda: sess.run(None, f),
+                          build_s=time.perf_counter() - t0, max_rel_error=err, error_note=note, handle=sess))
+    except TensorplanError as e:   # CompileError from the quantizer, or ONNX Runtime refusing the result
+        peers.append(Peer(ORT_INT8, "ONNX Runtime int8 (static, QDQ)", "int8", skipped=str(e)))
+    if log:
+        log(f"ONNX Runtime int8: {peers[-1].skipped or f'quantized and built in {peers[-1].build_s:.1f} s'}")
+    if not openvino:
+        return peers + [Peer(OPENVINO_INT8, "OpenVINO int8 (NNCF)", "int8", skipped="skipped (openvino=False)")]
+    t0 = time.perf_counter()
+    try:
+        ov_model = openvino_int8(proto, calibration)
+    except CompileError as e:
+        peers.append(Peer(OPENVINO_INT8, "OpenVINO int8 (NNCF)", "int8", skipped=str(e)))
+    else:
+        quantize_s = time.perf_counter() - t0
+        base = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": int(threads)}
+        p = _openvino_peer(OPENVINO_INT8, "OpenVINO int8 (NNCF)", ov_model, feeds, base, ref)
+        p.precision = "int8"
+        if p.build_s is not None:
+            p.build_s += quantize_s
+        peers.append(p)
+    if log:
+        log(f"OpenVINO int8: {peers[-1].skipped or f'quantized and compiled in {peers[-1].build_s:.1f} s'}")
     return peers
 
 
@@ -288,10 +342,13 @@ def _compare(got: list, want: list[np.ndarray]) -> tuple[float | None, str | Non
 # all peers, and timing them
 # ------------------------------------------------------------------------------------------------
 def peer_runners(graph: Graph, feeds: dict[str, np.ndarray], threads: int | None = None, opset: int = 17, *,
-                 torch_compile: bool = True, openvino: bool = True, log=None) -> list[Peer]:
+                 torch_compile: bool = True, openvino: bool = True, log=None,
+                 int8_calibration: list[dict[str, np.ndarray]] | None = None) -> list[Peer]:
     """Every peer on the ORIGINAL model of `graph` (its ONNX file, or the graph exported when built in
     memory), each checked against ONNX Runtime: ONNX Runtime, OpenVINO fp32, OpenVINO's default when
-    it is not fp32 on this CPU, and `torch.compile` where a PyTorch module exists. Call it inside
+    it is not fp32 on this CPU, and `torch.compile` where a PyTorch module exists; with
+    `int8_calibration` (feeds of the model's inputs, e.g. `precision.load_calibration(...).feeds`)
+    also ONNX Runtime and OpenVINO int8 quantized on those samples (`int8_peers`). Call it inside
     `measure.timer.pinned_threads(threads)` so torch's pool matches. A peer that fails is kept with
     `skipped` set; only ONNX Runtime refusing the model raises."""
     from tensorplan.zoo.specs import onnx_bytes
@@ -308,6 +365,8 @@ def peer_runners(graph: Graph, feeds: dict[str, np.ndarray], threads: int | None
         peers.append(torch_compile_peer(graph, opset, [feeds[n] for n in graph.inputs], ref, log))
     else:
         peers.append(Peer(TORCH_COMPILE, "torch.compile", skipped="skipped (torch_compile=False)"))
+    if int8_calibration is not None:
+        peers += int8_peers(model, feeds, threads, ref, int8_calibration, openvino=openvino, log=log)
     return peers
 
 
@@ -380,6 +439,7 @@ def time_interleaved(runners: dict[str, Callable[[], Any]], rounds: int = 15, *,
                        skipped={p.name: p.skipped for p in peers if p.skipped is not None})
 
 
-__all__ = ["MAX_COV", "Peer", "PeerTimings", "RunnerTiming", "cov", "noise_reason", "openvino_default_precision",
+__all__ = ["MAX_COV", "Peer", "PeerTimings", "RunnerTiming", "cov", "int8_peers", "noise_reason",
+           "openvino_default_precision",
            "openvino_peers", "ort_cpu_session", "ort_peer", "ort_run", "peer_runners", "runners_of",
            "time_interleaved", "torch_compile_peer"]

@@ -84,7 +84,8 @@ def session_backend_variants(cands: dict[str, Plan]) -> dict[str, Plan]:
     from tensorplan.kernels.openvino import available
     out = dict(cands)
     for name, p in cands.items():
-        if len(p.kernels) != 1 or p.kernels[0].kind != "region" or p.kernels[0].backend not in REGION_BACKENDS:
+        if (len(p.kernels) != 1 or p.kernels[0].kind != "region" or p.kernels[0].backend not in REGION_BACKENDS
+                or p.kernels[0].precision != "fp32"):    # a quantized / bf16 region keeps its backend
             continue
         for b in REGION_BACKENDS:
             if b == p.kernels[0].backend or (b == "openvino" and not available()):

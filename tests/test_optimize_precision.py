@@ -1,0 +1,181 @@
+"""`tensorplan optimize --precision`: the reduced-precision search on a real zoo model (tiny-mlp, a
+classifier head), end to end through the CLI and the API: every (backend, precision) tried is
+recorded with its measured accuracy, the kept plan stays within the tolerance, a tolerance of 0 keeps
+fp32, random calibration warns, a bad calibration directory is one clear error, and the plan reloads
+and runs."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.xdist_group("optimize")
+
+MODEL = "tiny-mlp"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("precision") / "store.sqlite"
+
+
+@pytest.fixture(scope="module")
+def auto_run(tmp_path_factory, store):
+    """`tensorplan optimize tiny-mlp --precision auto --json` once (random calibration, peers on)."""
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+    out = tmp_path_factory.mktemp("auto") / "out"
+    r = CliRunner().invoke(app, ["optimize", MODEL, "--precision", "auto", "--tolerance", "0.02", "--budget", "60s",
+                                 "--samples", "4", "--no-race", "-o", str(out), "--json"],
+                           env={"TENSORPLAN_STORE": str(store)})
+    assert r.exit_code == 0, r.output
+    return r, out, json.loads(r.stdout[r.stdout.index("{"):])
+
+
+def test_auto_records_every_variant_with_its_accuracy_and_keeps_the_plan_within_tolerance(auto_run):
+    from tensorplan.kernels.vendor import BACKEND_PRECISIONS
+    from tensorplan.precision.native import native_precisions
+    from tensorplan.runtime.plan import load_plan
+    from tensorplan.workflows.optimize import OptimizeSummary
+
+    r, out, js = auto_run
+    p = js["precision"]
+    native = [k for k, s in native_precisions().items() if s.native]
+    assert p["requested"] == "auto" and p["tolerance"] == 0.02
+    assert p["precisions"] == native and "fp32" in native        # auto = what this CPU runs natively
+    assert p["kernels"] and p["variants"]
+    # every (backend, precision) a backend builds was tried on every searched kernel, and recorded
+    for kid in p["kernels"]:
+        tried = {(v["backend"], v["precision"]) for v in p["variants"] if v["kernel"] == kid}
+        want = {(b, q) for q in native for b in ("openvino", "ort", "torch") if q in BACKEND_PRECISIONS[b]}
+        assert want <= tried, want - tried
+    ran = [v for v in p["variants"] if v["accuracy"] is not None]
+    assert any(v["precision"] != "fp32" for v in ran)             # reduced precisions were measured ...
+    for v in ran:                                                 # ... each with its accuracy and its time
+        a = v["accuracy"]
+        assert a["samples"] == 8 and a["top1_agreement"] is not None     # tiny-mlp ends in a softmax over classes
+        assert v["median_ms"] > 0
+        assert v["status"] in ("baseline", "kept", "within", "over tolerance")
+        assert (v["status"] == "over tolerance") == (not (a["finite"] and a["error"] <= 0.02))
+    for v in p["variants"]:
+        if v["accuracy"] is None:
+            assert v["status"] in ("not built", "fell back", "failed", "budget") and (v["note"] or
+                                                                                    v["status"] == "budget")
+    # the kept plan: its kernels carry their precisions, as the search chose them, within the tolerance
+    plan = load_plan(out / "plan.json")
+    plan.check()
+    raw = json.loads((out / "plan.json").read_text())
+    assert all(k["precision"] in ("fp32", "bf16", "fp16", "int8") for k in raw["kernels"])
+    for kid, choice in p["chosen"].items():
+        k = plan.kernel(kid)
+        assert choice == f"{k.backend}/{k.precision}"
+    kept = [v for v in p["variants"] if v["status"] == "kept"]
+    assert {(v["kernel"], f"{v['backend']}/{v['precision']}") for v in kept} <= set(p["chosen"].items())
+    assert p["final"]["error"] <= 0.02 and p["final"]["samples"] == 8
+    assert js["max_rel_err"] <= js["tolerance"]
+    # the summary reads back from the plan as objects
+    s = OptimizeSummary.from_plan(plan)
+    assert s.precision is not None and s.precision.final.within(0.02)
+    assert len(s.precision.variants) == len(p["variants"])
+    # beside the fp32 peers, the runtimes' own int8 builds were timed (or say why not)
+    assert "onnxruntime-int8" in js["peers_ms"] or "onnxruntime-int8" in js["peer_notes"]
+    # the report shows accuracy beside speed; the CLI said the calibration was random
+    html = (out / "report.html").read_text()
+    assert "Precisions tried" in html and "cosine" in html and "random inputs" in html
+    assert "random inputs measure numerical drift" in r.stderr
+    # the plan reloads and runs, checked against ONNX Runtime at the plan's own tolerance
+    res = plan.run(repeats=3)
+    assert res.ok and res.max_rel_err <= max(res.tol, 0.02)
+    assert sum(res.precisions.values()) == len(plan.kernels)
+
+
+def test_a_tolerance_of_zero_keeps_fp32_on_real_calibration_data(tmp_path, store):
+    import tensorplan as tp
+    from tensorplan.workflows.optimize import OptimizeSummary
+
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    rng = np.random.default_rng(7)
+    for i in range(3):    # one .npz per sample holding every input
+        np.savez(cal / f"s{i}.npz", input=rng.standard_normal((4, 64)).astype(np.float32))
+    with _no_random_warning():
+        plan = tp.optimize(MODEL, budget_s=40, store=store, samples=4, race=False, peers=False, precision="int8",
+                           tolerance=0.0, calibration=cal)
+    s = OptimizeSummary.from_plan(plan)
+    assert all(k.precision == "fp32" for k in plan.kernels)
+    p = s.precision
+    assert p.precisions == ["fp32", "int8"] and p.samples == 3 and p.calibration_warning is None
+    assert str(cal) in p.calibration
+    assert not p.reduced and not [v for v in p.variants if v.status == "kept" and v.precision != "fp32"]
+    int8 = [v for v in p.variants if v.precision == "int8" and v.accuracy is not None]
+    assert int8 and all(v.status == "over tolerance" and v.accuracy.error > 0 for v in int8)
+    assert s.max_rel_err <= s.tolerance <= 1e-3     # an fp32 plan is checked at fp32's tolerance
+
+
+class _no_random_warning:
+    """Fails the block if it warns that calibration inputs were random."""
+
+    def __enter__(self):
+        import warnings
+        self._cm = warnings.catch_warnings(record=True)
+        self.seen = self._cm.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        self._cm.__exit__(*exc)
+        assert not [w for w in self.seen if "random inputs" in str(w.message)]
+        return False
+
+
+def test_random_calibration_warns_through_the_api(store):
+    import tensorplan as tp
+    from tensorplan.workflows.optimize import OptimizeSummary
+
+    with pytest.warns(UserWarning, match="random inputs measure numerical drift"):
+        plan = tp.optimize(MODEL, budget_s=30, store=store, samples=4, race=False, peers=False, precision="bf16",
+                           tolerance=0.05)
+    p = OptimizeSummary.from_plan(plan).precision
+    assert p.calibration_warning and "random" in p.calibration
+    assert p.precisions == ["fp32", "bf16"]
+
+
+def test_bad_calibration_and_precision_arguments_are_one_clear_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+    run = CliRunner().invoke
+    missing = tmp_path / "nope"
+    r = run(app, ["optimize", MODEL, "--precision", "auto", "--calibration", str(missing), "--budget", "30s"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "calibration directory" in r.output and "does not exist" in r.output
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    np.savez(bad / "s0.npz", wrong_name=np.zeros((4, 64), np.float32))
+    r = run(app, ["optimize", MODEL, "--precision", "int8", "--calibration", str(bad), "--budget", "30s"])
+    assert r.exit_code == 2 and "Traceback" not in r.output and "s0.npz" in r.output and "input" in r.output
+    r = run(app, ["optimize", MODEL, "--calibration", str(bad), "--budget", "30s"])     # fp32 uses no calibration
+    assert r.exit_code == 2 and "--precision" in r.output and "Traceback" not in r.output
+    for args in (["--precision", "fp8"], ["--precision", "auto", "--tolerance", "-1"]):
+        r = run(app, ["optimize", MODEL, *args])
+        assert r.exit_code == 2 and "Traceback" not in r.output
+    r = run(app, ["optimize", "--help"])
+    assert r.exit_code == 0 and "--precision" in r.output and "--tolerance" in r.output and "--calibration" in r.output
+
+
+def test_precision_arguments_are_checked_in_the_api():
+    from tensorplan.errors import TensorplanError
+    from tensorplan.workflows.precision_search import check_arguments, precisions_to_try
+
+    for bad in (("int4", 0.02), ("auto", -0.1), ("auto", math.nan), ("auto", "lots")):
+        with pytest.raises(TensorplanError, match="precision|tolerance"):
+            check_arguments(*bad)
+    tried, native, _ = precisions_to_try("auto")
+    assert tried[0] == "fp32" and set(native) == {"fp32", "bf16", "fp16", "int8"}
+    assert precisions_to_try("fp32")[0] == ["fp32"]
+    tried, native, warn = precisions_to_try("fp16")
+    assert tried == ["fp32", "fp16"]
+    assert bool(warn) == native["fp16"].startswith("emulated")   # an emulated precision says so
