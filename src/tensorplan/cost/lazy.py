@@ -110,6 +110,8 @@ class LazyCost:
         already measured as measured."""
         uniq = _unique(cands)
         self._fit_samples(sum(1 for c in uniq if c.kind == "memory"))
+        if self.sample_budget_s is not None and self.predicted.tuned.deadline is None:
+            self.predicted.tuned.deadline = time.perf_counter() + self.sample_budget_s
         vals = self.predicted.cost_many(prim, uniq, progress=progress)
         for c, v in zip(uniq, vals):
             self._pred[c.canonical_hash] = float(v)

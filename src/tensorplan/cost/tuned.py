@@ -233,6 +233,10 @@ class TunedCost:
         self.fallback = fallback
         self.workers = workers
         self.adaptive = bool(adaptive)
+        # a `time.perf_counter()` value after which no new sampling round starts (the first round
+        # always runs, so every kernel has its default and ROUND draws ranked): a caller's budget
+        # holds on a loaded machine where the per-draw cost it planned with does not
+        self.deadline: float | None = None
         self._pred: dict[str, TunedPrediction] = {}
         self._fallback_hashes: set[str] = set()
         self._fb: dict[str, float] = {}          # canonical hash -> the fallback's cost
@@ -378,6 +382,12 @@ class TunedCost:
                         advance(max(0, budget - start))
                     else:
                         still.append(s)
+                if still and self.deadline is not None and time.perf_counter() >= self.deadline:
+                    for s in still:
+                        s.done = True
+                        advance(max(0, budget - start))
+                    self.stats["cut_by_deadline"] = self.stats.get("cut_by_deadline", 0) + len(still)
+                    still = []
                 self._finish([s for s in active if s.done])
                 active = still
 
