@@ -598,6 +598,18 @@ def run_whole(name: str, graph, ops, plans: dict, ex, cpu_threads: int, rounds: 
             "max_rel_err_vs_ort": errs, "rounds_s": {k: list(v) for k, v in times.items()}}
 
 
+def half_split_plan(shapes, cost):
+    """Every op alone, half on each processor (H; FC layers OC): the split path exercised end to end
+    whatever the planner picks (on a server GPU it may keep everything on the GPU)."""
+    from tensorplan.codl.partition import CoexecPlan, Segment
+
+    segs = []
+    for i, op in enumerate(shapes):
+        dim = "OC" if op.kind == "fc" else "H"
+        segs.append(Segment(i, i + 1, dim, 0.5, cost.op_cost(op, dim, 0.5)))
+    return CoexecPlan(segs, "half")
+
+
 def coexec_model(name: str, ex, cost, cpu_threads: int, repeats: int, rounds: int, dry: bool) -> dict:
     from tensorplan.codl.partition import chain_links, extract_ops, plan_ops
     from tensorplan.zoo.specs import load_model
@@ -607,7 +619,7 @@ def coexec_model(name: str, ex, cost, cpu_threads: int, repeats: int, rounds: in
     ops = extract_ops(graph)
     shapes, links = [o.shape for o in ops], chain_links(graph, ops)
     plans = {"codl": plan_ops(shapes, cost, links, "greedy"), "gpu_only": plan_ops(shapes, cost, links, "gpu"),
-             "cpu_only": plan_ops(shapes, cost, links, "cpu")}
+             "cpu_only": plan_ops(shapes, cost, links, "cpu"), "split_half": half_split_plan(shapes, cost)}
     res: dict[str, Any] = {"model": name, "operators": len(graph.nodes), "partitionable_ops": len(ops),
                            "load_s": time.perf_counter() - t0, "plan": plans["codl"].to_dict(),
                            "predicted_total_s": {k: p.total for k, p in plans.items()}}
@@ -680,7 +692,9 @@ def main(argv=None) -> int:
                                                                                        else sys.argv[1:]),
                            "dry_run": dry, "models": {},
                            "plans_note": ("codl: the greedy CoDL plan; gpu_only / cpu_only: the same segments at GPU "
-                                          "share 1 / 0 with the same kernels; in all three the tensors' home is "
+                                          "share 1 / 0 with the same kernels; split_half: every op alone, half "
+                                          "on each side (the split path run end to end whatever the planner "
+                                          "picks); in all of them the tensors' home is "
                                           "the GPU (CoDL's) and operators outside segments run on the CPU in ONNX "
                                           "Runtime; ort-cpu: ONNX Runtime on the whole model; pytorch-gpu: the "
                                           "zoo's PyTorch module on the GPU, eager (context, not a plan)")}

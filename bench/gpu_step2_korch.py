@@ -167,7 +167,7 @@ def profile(name: str, folder_in: Path, out_dir: Path, deadline: float, jobs: in
 
     while done < len(todo):
         left = deadline - time.perf_counter()
-        n = 150 if rate is None else min(400, int(0.8 * left / rate))   # 0.8: a chunk runs to its end
+        n = 150 if rate is None else min(600, int(0.8 * left / rate))   # 0.8: a chunk runs to its end; each chunk restarts the compile pool
         if n < max(jobs, 10):
             break
         chunk = todo[done:done + n]

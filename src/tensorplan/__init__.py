@@ -36,6 +36,7 @@ _LAZY = {
     "devices": ("tensorplan.devices", None),
     "measure": ("tensorplan.measure", None),
     "Store": ("tensorplan.measure.store", "Store"),
+    "precision": ("tensorplan.precision", None),
     # kernel orchestration (Korch) and plans
     "fission": ("tensorplan.korch.fission", "fission"),
     "orchestrate": ("tensorplan.workflows.orchestrate", "orchestrate"),
