@@ -359,6 +359,7 @@ class TunedCost:
             while active:
                 n = min(ROUND, budget - start) if budget > start else 0
                 first_round = start == 0
+                round_t0 = time.perf_counter()
 
                 def job(a: int, b: int, n=n, start=start, first_round=first_round, active=active) -> list:
                     return [_search_round(prim, s.cand, start, n, self.threads, first_round, frozenset(s.seen))
@@ -382,7 +383,11 @@ class TunedCost:
                         advance(max(0, budget - start))
                     else:
                         still.append(s)
-                if still and self.deadline is not None and time.perf_counter() >= self.deadline:
+                per_draw = (time.perf_counter() - round_t0) / max(1, len(active) * (n + (1 if first_round else 0)))
+                next_n = min(ROUND, budget - start) if budget > start else 0
+                if still and self.deadline is not None and (
+                        time.perf_counter() + per_draw * len(still) * next_n >= self.deadline):
+                    # the next round would end after the deadline (timed from this round's pace)
                     for s in still:
                         s.done = True
                         advance(max(0, budget - start))
