@@ -197,6 +197,26 @@ def test_two_devices_in_one_collect_each_record_tagged_by_its_node(cluster, in_p
     assert sorted((r["prog_key"], r["device"]) for r in recs) == sorted((r["prog_key"], r["device"]) for r in ref)
 
 
+def test_failing_and_overlong_jobs_come_back_as_their_errors(cluster):
+    """A job that raises on its worker, and one past its time limit (its worker is stopped), come
+    back as their errors under their labels; the jobs after them still run."""
+    import math
+
+    from tensorplan.devices import device
+    from tensorplan.measure.cluster import ClusterJob, RayRunner
+
+    c, _ = cluster
+    spec = device("local-2t")
+    runner = RayRunner(c.address, job_timeout_s=3)
+    res = runner.map([ClusterJob(time.sleep, (120,), "kernel k1", device=spec),
+                      ClusterJob(math.sqrt, (-1.0,), "kernel k2", device=spec),
+                      ClusterJob(math.sqrt, (4.0,), "kernel k3", device=spec)])
+    assert [r.label for r in res] == ["kernel k1", "kernel k2", "kernel k3"]
+    assert res[0].error.startswith("timed out: still running after") and res[0].value is None
+    assert res[1].error == "ValueError: math domain error"
+    assert res[2].ok and res[2].value == 2.0 and res[2].worker.split("/")[1] in cluster[1].values()
+
+
 def test_missing_device_is_one_clear_error(cluster, tmp_path):
     from tensorplan.cdmpp.dataset import collect
     from tensorplan.errors import TensorplanError
@@ -206,3 +226,14 @@ def test_missing_device_is_one_clear_error(cluster, tmp_path):
     with pytest.raises(TensorplanError, match=r"no worker of the cluster offers device 'zen9-2t'.*ray start"):
         collect([MODEL], programs_per_task=1, threads=(2,), store=tmp_path / "s.sqlite", progress=False,
                 log=lambda s: None, ray_address=c.address, prefix="zen9")
+
+
+def test_unreachable_head_is_one_clear_error_not_a_hang(tmp_path):
+    """Ray alone would retry an unreachable head for minutes; the command says so at once."""
+    t0 = time.perf_counter()
+    out = subprocess.run([str(Path(sys.executable).with_name("tensorplan")), "predictor", "dataset", "collect",
+                          "--networks", MODEL, "--ray-address", "127.0.0.1:1", "--store", str(tmp_path / "s.sqlite")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "no Ray head answers there" in out.stderr and "Traceback" not in out.stderr
+    assert time.perf_counter() - t0 < 60

@@ -301,10 +301,11 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     `exclude` holds (task key, sample index) pairs not to sample (`timed_programs` of an export):
     with a larger `max_kernel_s`, a pass over what the dataset skipped as too slow.
 
-    Each visit is a job (`collect_programs`); `ray_address` runs the jobs on that Ray cluster,
-    one per thread domain (device `local-<N>t`) on a worker offering it, and writes their records
-    here as they come back (`measure.cluster`); the programs are the same, each record says which
-    worker timed it. A visit the cluster could not finish is counted `lost` and left for the next run.
+    Each visit is a job (`collect_programs`); `ray_address` runs the jobs on that Ray cluster, on a
+    worker offering every thread domain (device `local-<N>t`) of the run, or else one job per
+    domain on a worker offering it, and writes their records here as they come back
+    (`measure.cluster`); the programs are the same, each record says which worker timed it. A
+    visit the cluster could not finish is counted `lost` and left for the next run.
     """
     from tensorplan.measure.cluster import ClusterJob, job_runner
     threads = sorted({int(t) for t in threads})
@@ -340,9 +341,10 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
     log(f"collect: {len(tasks)} tasks from {len(networks)} networks; {programs_per_task} programs/task; "
         f"threads {threads}; {n_done0}/{total} already done; store {st.path}"
         + (f"; jobs on the Ray cluster at {ray_address}" if runner.kind == "ray" else ""))
-    # in-process one job times a program at every thread count (one binary); on a cluster each
-    # thread domain is its own device, timed by a worker that offers it
-    groups = [tuple(threads)] if runner.kind == "in-process" else [(t,) for t in threads]
+    # one job times a program at every thread count (one binary), here or on a worker offering all
+    # the domains; otherwise each thread domain is its own job, timed by a worker that offers it
+    together = runner.offers_together(list(specs.values()))
+    groups = [tuple(threads)] if together else [(t,) for t in threads]
     if runner.kind == "in-process":
         _TASKS.update({t.key: t for t in tasks})     # the jobs find them here instead of parsing scripts
     scripts: dict[str, str] = {}
@@ -386,7 +388,7 @@ def collect(networks: Sequence[str] | None = None, *, programs_per_task: int = 6
                                      timer["repeats"], ok0, slow0, run_id)
                     jobs.append(ClusterJob(collect_programs, (pj,), label=f"task {task.name} ({task.key}) "
                                            f"programs {todo[0]}..{todo[-1]} at {','.join(map(str, g))} thread(s)",
-                                           device=specs[g[0]] if len(g) == 1 else None))
+                                           device=tuple(specs[t] for t in g)))
                 for i in todo:
                     waiting[f"{task.key}:{i}"] = [set(groups), False]
             for r in runner.run(jobs):

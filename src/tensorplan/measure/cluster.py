@@ -75,13 +75,17 @@ def node_resources(specs: Sequence[DeviceSpec]) -> dict[str, float]:
 class ClusterJob:
     """One job: `fn(*args)` where `fn` is a module-level function of tensorplan (shipped to a worker
     by reference, so the worker imports it) and `args` are picklable. `label` names what it
-    measures (a kernel, a program) in errors; `device` is the device that must time it (None: any
-    worker CPU, e.g. a job that only compiles)."""
+    measures (a kernel, a program) in errors; `device` is the device that must time it, or a tuple
+    of devices one worker must offer together (None: any worker CPU, e.g. a job that only compiles)."""
 
     fn: Callable[..., Any]
     args: tuple
     label: str
-    device: DeviceSpec | None = None
+    device: DeviceSpec | tuple[DeviceSpec, ...] | None = None
+
+    @property
+    def devices(self) -> tuple[DeviceSpec, ...]:
+        return () if self.device is None else self.device if isinstance(self.device, tuple) else (self.device,)
 
 
 @dataclass
@@ -134,6 +138,10 @@ class JobRunner:
     def check_devices(self, specs: Sequence[DeviceSpec]) -> None:
         """Raise if no worker can time on one of `specs`."""
 
+    def offers_together(self, specs: Sequence[DeviceSpec]) -> bool:
+        """Whether one worker offers all of `specs` (so one job can time on each of them); true here."""
+        return True
+
     def describe(self) -> dict[str, Any]:
         return {"runner": self.kind}
 
@@ -157,6 +165,23 @@ def _remote_execute(fn: Callable[..., Any], args: tuple) -> tuple[bool, Any, str
     ok, value, worker, secs = _execute(fn, args)
     host, pid = worker.split("/")
     return ok, value, f"{host}/{ray.get_runtime_context().get_node_id()[:12]}/{pid}", secs
+
+
+def _reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Raise unless the head's `host:port` accepts a connection (Ray itself would retry for minutes);
+    'auto' and ray:// addresses are left to Ray."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise TensorplanError(f"--ray-address {address!r}: give the head's HOST:PORT (what `ray start --head` "
+                              "prints, e.g. 10.0.0.5:6379) or 'auto' on a machine of the cluster")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise TensorplanError(f"--ray-address {address}: no Ray head answers there ({e.strerror or e}); start one "
+                              "with `ray start --head` and pass the address it prints, or leave --ray-address "
+                              "out to measure here") from None
 
 
 @dataclass
@@ -184,6 +209,7 @@ class RayRunner(JobRunner):
         self.job_timeout_s = job_timeout_s
         self._owns = False
         if not ray.is_initialized():
+            _reachable(address)
             try:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
                          configure_logging=True, include_dashboard=False)
@@ -213,6 +239,10 @@ class RayRunner(JobRunner):
                     f"devices --ray-resources` there prints those of its own devices). The cluster offers: "
                     f"{', '.join(offered) or 'no tensorplan devices'}")
 
+    def offers_together(self, specs: Sequence[DeviceSpec]) -> bool:
+        need = node_resources(specs)
+        return any(n["Alive"] and all(n["Resources"].get(r, 0) >= 1 for r in need) for n in self._ray.nodes())
+
     def describe(self) -> dict[str, Any]:
         res = self._cluster()
         return {"runner": self.kind, "address": self.address, "nodes": sum(1 for n in self._ray.nodes() if n["Alive"]),
@@ -222,11 +252,11 @@ class RayRunner(JobRunner):
         ray = self._ray
         if not jobs:
             return
-        self.check_devices(list({j.device.key(): j.device for j in jobs if j.device is not None}.values()))
+        self.check_devices(list({d.key(): d for j in jobs for d in j.devices}.values()))
         have = self._cluster()
         lanes: dict[tuple, _Lane] = {}
         for i, job in enumerate(jobs):
-            res = job_resources(job.device) if job.device is not None else {}
+            res = node_resources(job.devices)
             key = tuple(sorted(res))
             if key not in lanes:
                 cap = min(have.get(r, 0) for r in res) if res else have.get("CPU", 1)
