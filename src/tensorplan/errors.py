@@ -58,3 +58,7 @@ class PlanError(TensorplanError):
 
 class CompileError(TensorplanError):
     """A kernel failed to lower or compile."""
+
+
+class ClusterError(TensorplanError):
+    """A Ray cluster that cannot take tensorplan's jobs: no head at the address, or no worker offering a device."""

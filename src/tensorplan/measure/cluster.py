@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from tensorplan.devices.spec import DeviceSpec
-from tensorplan.errors import TensorplanError
+from tensorplan.errors import ClusterError
 
 RESOURCE_PREFIX = "tensorplan"
 # identity fields of the physical processor: a DeviceSpec's without its name and the cores/threads
@@ -174,12 +174,12 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
         return
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise TensorplanError(f"--ray-address {address!r}: give the head's HOST:PORT (what `ray start --head` "
+        raise ClusterError(f"--ray-address {address!r}: give the head's HOST:PORT (what `ray start --head` "
                               "prints, e.g. 10.0.0.5:6379) or 'auto' on a machine of the cluster")
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as e:
-        raise TensorplanError(f"--ray-address {address}: no Ray head answers there ({e.strerror or e}); start one "
+        raise ClusterError(f"--ray-address {address}: no Ray head answers there ({e.strerror or e}); start one "
                               "with `ray start --head` and pass the address it prints, or leave --ray-address "
                               "out to measure here") from None
 
@@ -214,7 +214,7 @@ class RayRunner(JobRunner):
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
                          configure_logging=True, include_dashboard=False)
             except (ConnectionError, RuntimeError, ValueError) as e:
-                raise TensorplanError(
+                raise ClusterError(
                     f"--ray-address {address}: cannot join the Ray cluster ({str(e).splitlines()[0][:300]}). "
                     "Start one with `ray start --head` on the head machine and pass the address it prints "
                     "(or 'auto' on a machine of the cluster), or leave --ray-address out to measure here"
@@ -232,7 +232,7 @@ class RayRunner(JobRunner):
             missing = [r for r in job_resources(s) if have.get(r, 0) < 1]
             if missing:
                 offered = sorted(r for r in have if r.startswith(RESOURCE_PREFIX))
-                raise TensorplanError(
+                raise ClusterError(
                     f"--ray-address {self.address}: no worker of the cluster offers device '{s.name}' (Ray "
                     f"resource(s) {', '.join(missing)}). Start a worker on a machine with that device: "
                     f"`ray start --address <head> --resources '{json.dumps(job_resources(s))}'` (`tensorplan "
