@@ -737,19 +737,21 @@ def optimize_section() -> list[str]:
     m = d["machine"]
     out = ["## `tensorplan optimize`: time to plan, what was measured, speed-up over the best peer", "",
            "`python bench/optimize_bench.py --models ...` — per model, `optimize` from a cold store (budget in the "
-           "table), the same with Korch's kernels only (`regions=False`, store warm), a fully measured "
+           "table), where run the same with Korch's kernels only (`regions=False`, store warm) and a fully measured "
            "`orchestrate` (every unique candidate compiled and timed), then every plan and the peers (ONNX Runtime, "
            "OpenVINO fp32, OpenVINO's default precision beside, torch.compile) interleaved in one run, "
            f"{m.get('threads')} threads, on {m.get('cpu')} ({m.get('platform', '')[:40]}). `measured` = kernels "
            "compiled and timed by `optimize` / unique candidates (what the fully measured run times); `vs full` = "
            "optimize plan's latency / the fully measured plan's; `vs best` = best fp32 peer / plan (> 1: the plan "
-           "is faster); `noisy` = the run's own flag (CoV of rounds > 10 % or load above the cores).", "",
-           "| model | time to plan s (predict / measure / race) | measured | vs full | vs best (optimize) | "
-           "vs best (Korch kernels only) | best fp32 peer | OpenVINO default | final plan | rewrites | noisy |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "is faster); `plan ms` = the plan-time model's prediction of the kept plan / its measured median in the "
+           "timing run; `noisy` = the run's own flag (CoV of rounds > 10 % or load above the cores).", "",
+           "| model | budget s | time to plan s (predict / measure / race) | measured | vs full | vs best (optimize) | "
+           "vs best (Korch kernels only) | plan ms predicted / measured | best fp32 peer | OpenVINO default | "
+           "final plan | rewrites | noisy |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in d["per_model"].items():
         if "error" in r:
-            out.append(f"| {name} | failed: {r['error'][:80]} | | | | | | | | | |")
+            out.append(f"| {name} | {r.get('budget_s', 0):.0f} | failed: {r['error'][:80]} | | | | | | | | | | |")
             continue
         o, t = r["optimize"], r["timing"]
         ph = o.get("phases", {})
@@ -758,15 +760,18 @@ def optimize_section() -> list[str]:
         best = t.get("best_peer")
         dflt = [k for k, v in t.get("peer_precision", {}).items() if v != "fp32"]
         beside = ", ".join(f"{med[k]:.1f} ms ({t['peer_precision'][k]})" for k in dflt if k in med) or "–"
+        pm = o.get("predicted_plan_ms")
+        plan_ms = f"{pm:.1f} / {med['optimize']:.1f}" if pm and "optimize" in med else "–"
         out.append(
-            f"| {name} | {o['total_s']:.0f} ({ph.get('predict_s', 0):.0f} / {ph.get('measure_s', 0):.0f} / "
+            f"| {name} | {r.get('budget_s', o.get('budget_s', 0)):.0f} | {o['total_s']:.0f} "
+            f"({ph.get('predict_s', 0):.0f} / {ph.get('measure_s', 0):.0f} / "
             f"{ph.get('race_s', 0):.0f}) | {o['measured']}/{o['unique_kernels']} ({100 * o['measured_share']:.0f} %) | "
             + (f"{r['optimize_vs_full']:.2f}" if "optimize_vs_full" in r else "–") + " | "
             + (f"**{sp['optimize']:.2f}×**" if "optimize" in sp else "–") + " | "
             + (f"{sp['korch-kernels']:.2f}× ({r['korch_kernels']['kernels']} kernels: "
                + ", ".join(f"{b} {n}" for b, n in r["korch_kernels"]["backends"].items()) + ")"
                if "korch-kernels" in sp else "–")
-            + f" | {best} {med.get(best, float('nan')):.1f} ms | {beside} | {o['kernels']} kernel(s): "
+            + f" | {plan_ms} | {best} {med.get(best, float('nan')):.1f} ms | {beside} | {o['kernels']} kernel(s): "
             + ", ".join(f"{b} {n}" for b, n in o["backends"].items())
             + f" | {', '.join(f'{k} ×{v}' for k, v in o.get('rewrites', {}).items()) or 'none'} | "
             + ("yes" if t.get("noisy") else "no") + " |")
