@@ -788,6 +788,29 @@ def optimize_section() -> list[str]:
     return out + [""]
 
 
+def ray_section() -> list[str]:
+    """Measurement jobs on a local Ray cluster vs in-process (bench/ray_bench.py -> ray_bench.json)."""
+    d = load("ray_bench.json")
+    if not d:
+        return []
+    c, r, n = d["collect"], d["per_record"], d["noop_job"]
+    flags = "; ".join(d.get("noise_flags") or []) or "none"
+    return ["## Measurement on a Ray cluster (issue 61)", "",
+            f"`{d['command']}` — `dataset collect` of {d['network']} ({d['programs_per_task']} programs per task, "
+            f"threads {d['threads']}) in-process and on a local Ray cluster ({d['cluster']['nodes']}, "
+            f"{d['cluster']['worker_cpus']} CPUs: the same cores), {d['rounds']} interleaved trials each, medians. "
+            f"Noise: {flags}.", "",
+            "| mode | records/s (median) | s per record | no-op job: streamed / round trip |",
+            "|---|---|---|---|",
+            f"| in-process | {c['in-process']['median_records_per_s']:.2f} | {r['in_process_s'] * 1e3:.0f} ms | "
+            f"{n['in-process']['stream_s_per_job'] * 1e6:.1f} us / {n['in-process']['round_trip_median_s'] * 1e6:.1f} us |",
+            f"| Ray cluster | {c['ray']['median_records_per_s']:.2f} | {r['ray_s'] * 1e3:.0f} ms "
+            f"(+{r['difference_s'] * 1e3:.0f} ms) | {n['ray']['stream_s_per_job'] * 1e3:.1f} ms / "
+            f"{n['ray']['round_trip_median_s'] * 1e3:.1f} ms |", "",
+            f"The cluster's first trial (workers starting) ran {d['cold_cluster_trial']['records_per_s']:.2f} "
+            "records/s. On one machine the cluster only adds overhead; it pays when machines are added.", ""]
+
+
 def conformance_section() -> list[str]:
     """ONNX backend node tests (bench/onnx_conformance.py): pass / clear error / wrong per op family,
     next to ONNX Runtime on the same cases."""
@@ -866,7 +889,7 @@ def main() -> None:
              "CoDL: [research/notes/codl.md](../research/notes/codl.md).", ""]
     for sec in (devices_section(), store_section(), import_section(), kernels_section(), planning_section(),
                 korch_section(Path(a.korch_dir)), standalone_section(Path(a.korch_dir)), export_section(), openvino_section(), beyond_zoo_section(), winograd_section(),
-                korch_gpu_section(), cdmpp_section(), predict_tuned_section(), optimize_section(), conformance_section()):
+                korch_gpu_section(), cdmpp_section(), predict_tuned_section(), optimize_section(), ray_section(), conformance_section()):
         lines += sec
     Path(a.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out}")
