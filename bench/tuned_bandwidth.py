@@ -1,7 +1,7 @@
 """How close `optimize`'s tuned memory kernels come to the memory-bandwidth bound, against the default schedule.
 
-Per model: `optimize` with Korch's kernels only (`regions=False`, so the plan keeps TVM memory
-kernels; a fresh store, so the schedule sampling is this run's), then every memory kernel of the
+Per model: `optimize` with Korch's kernels only (`regions=False`, no race: the solver's plan, which
+keeps TVM memory kernels; a fresh store, so the schedule sampling is this run's), then every memory kernel of the
 plan that runs on TVM is compiled twice, with tensorplan's hand-written default schedule and with
 the schedule `optimize` kept (the fastest measured of the predictor's top-k and the default), and
 the two are timed interleaved. Each kernel's distance to its bandwidth bound is measured time /
@@ -46,7 +46,7 @@ def bench_model(name: str, args) -> dict:
     store = Path(tempfile.mkdtemp(prefix=f"bw-{name}-")) / "store.sqlite"
     t0 = time.perf_counter()
     plan = tp.optimize(name, budget_s=args.budget_s, store=store, threads=args.threads, peers=False,
-                       regions=False, progress=not args.no_progress, log=log)
+                       regions=False, race=False, progress=not args.no_progress, log=log)
     summary = OptimizeSummary.from_plan(plan)
     prim = plan.primitive_graph()
     memory = [k for k in plan.kernels if k.kind == "memory" and k.backend == "tvm"]

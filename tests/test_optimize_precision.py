@@ -179,3 +179,62 @@ def test_precision_arguments_are_checked_in_the_api():
     tried, native, warn = precisions_to_try("fp16")
     assert tried == ["fp32", "fp16"]
     assert bool(warn) == native["fp16"].startswith("emulated")   # an emulated precision says so
+
+
+def _three_alike_layers(path):
+    """An MLP whose three hidden layers compute the same (64x64 MatMul + Relu, their own weights), as a
+    file: the repeated block a plan holds several times (BERT's layers)."""
+    import onnx
+    from onnx import helper
+
+    from conftest import onnx_model
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], {}, "x"
+    for i in range(3):
+        inits[f"w{i}"] = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"mm{i}"),
+                  helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    inits["wo"] = (rng.standard_normal((64, 10)) / 8).astype(np.float32)
+    nodes.append(helper.make_node("MatMul", [x, "wo"], ["logits"], name="head"))
+    onnx.save(onnx_model(nodes, {"x": (8, 64)}, ["logits"], inits), str(path))
+    return path
+
+
+def test_alike_kernels_are_decided_together_and_a_kept_int8_plan_saves_and_runs(tmp_path, monkeypatch):
+    """The search's keep path on real kernels: only ONNX Runtime offered and any gain accepted, so the
+    plan's ONNX Runtime kernels come back int8 (within a loose tolerance), the three alike layers in one
+    decision; the kept plan is rebuilt from its data and checked, and saves its quantized models beside
+    plan.json, from which it reloads and runs."""
+    import tensorplan as tp
+    from tensorplan.precision.calibration import load_calibration
+    from tensorplan.runtime.plan import load_plan
+    from tensorplan.workflows import precision_search as ps
+
+    model = _three_alike_layers(tmp_path / "mlp3.onnx")
+    plan = tp.orchestrate(str(model), cost="analytical", race=False, store=tmp_path / "s.sqlite", threads=2)
+    layers = [k.id for k in plan.ordered_kernels() if k.nodes[0].startswith("mm")]
+    assert len(layers) == 3 and [layers] == [g for g in ps.kernels_to_search(plan) if len(g) == 3 and
+                                             plan.kernel(g[0]).kind == "linear"]
+    monkeypatch.setattr(ps, "BACKENDS", ("ort",))
+    monkeypatch.setattr(ps, "MIN_GAIN", -1e9)      # keep the fastest variant within the tolerance, even if slower
+    cal = load_calibration(plan.model_graph(), None, count=4)
+    kept, rec = ps.search_precision(plan, cal, precision="int8", tolerance=0.5, threads=2, rounds=2)
+    int8 = {k.id for k in kept.kernels if k.precision == "int8"}
+    ort = {k for k in rec.kernels if plan.kernel(k).backend == "ort"}
+    assert set(layers) < ort <= int8 and set(rec.reduced) == int8
+    assert all(rec.chosen[k] == "ort/int8" for k in int8)
+    grouped = [v for v in rec.variants if v.kernel == layers[0]]
+    assert grouped and all(v.alike == layers[1:] and v.label == f"{layers[0]} +2" for v in grouped)
+    assert not [v for v in rec.variants if v.kernel in layers[1:]]            # one decision for the three
+    assert [v.status for v in grouped if v.precision == "int8"] == ["kept"]
+    assert rec.final is not None and rec.final.within(0.5) and rec.final.error > 0     # int8 is not exact
+    assert rec.final_ms is not None and rec.baseline_ms is not None
+    assert kept.options["tolerance"] == 0.5 and kept.stats["precision"]["chosen"] == rec.chosen
+    assert all(k.precision == "fp32" for k in plan.kernels)    # the fp32 plan is left as it was
+    path = kept.save(tmp_path / "plan" / "plan.json")
+    assert len(list(path.parent.glob("*.int8.onnx"))) == len(int8)
+    again = load_plan(path)
+    assert {k.id for k in again.kernels if k.precision == "int8"} == int8
+    res = again.run(repeats=3)
+    assert res.ok and res.precisions.get("int8") == len(int8)

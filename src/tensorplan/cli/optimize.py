@@ -63,7 +63,10 @@ def register(app: typer.Typer) -> None:
 
         Every candidate kernel is priced by prediction, the BLP's kernels are compiled and timed and the
         BLP solved again until its kernels are all measured; the finalists race end to end and the kept
-        plan is checked against ONNX Runtime and timed against ONNX Runtime, OpenVINO and torch.compile."""
+        plan is checked against ONNX Runtime and timed against ONNX Runtime, OpenVINO and torch.compile.
+        With --precision, the plan's heaviest kernels then try bf16, fp16 or int8 on OpenVINO, ONNX Runtime
+        and PyTorch, keeping the fastest whose outputs stay within --tolerance of fp32 on the calibration
+        inputs; every variant is listed with its accuracy (docs/guides/precision.md)."""
         import tensorplan as tp
 
         from tensorplan.cli.common import one_line_errors
@@ -103,7 +106,14 @@ def _print(con: Console, plan, s) -> None:
                   f"{s.solo_sum_ms:.3f} ms" + (" at fp32" if s.reduced else "") + (f"; plan model predicts {s.predicted_plan_ms:.3f} ms"
                                                if s.predicted_plan_ms is not None else ""))
     if s.peers_ms:
-        t.add_row("vs peers", ", ".join(f"{k} {v:.3f} ms" + (f" ({s.peer_notes[k]})" if k in s.peer_notes else "")
+        runs = (s.timings or {}).get("runners") or {}
+
+        def error(k: str) -> str:      # beside a reduced-precision peer: how far it is from fp32
+            r = runs.get(k) or {}
+            return (f"; error {r['max_rel_error']:.2g}" if r.get("precision") not in (None, "fp32")
+                    and r.get("max_rel_error") is not None else "")
+        t.add_row("vs peers", ", ".join(f"{k} {v:.3f} ms" + (f" ({s.peer_notes[k]}{error(k)})" if k in s.peer_notes
+                                                             else "")
                                         for k, v in s.peers_ms.items())
                   + (f"  ->  {s.speedup_over_best:.2f}x over {s.best_peer}" if s.best_peer else ""))
     skipped = {k: v for k, v in s.peer_notes.items() if k not in s.peers_ms}
@@ -163,7 +173,7 @@ def _variants_table(p) -> Table:
         colour = {"kept": "bold green", "over tolerance": "red", "not built": "dim", "fell back": "dim",
                   "failed": "red"}.get(v.status, "")
         status = v.status + (f": {v.note}" if v.note and v.status in ("not built", "failed", "fell back") else "")
-        t.add_row(v.kernel, f"{v.backend}/{v.precision}", f"[{colour}]{status}[/]" if colour else status,
+        t.add_row(v.label, f"{v.backend}/{v.precision}", f"[{colour}]{status}[/]" if colour else status,
                   f"{v.median_ms:.3f}" if v.median_ms is not None else "",
                   f"{a.error:.2g}" if a else "", f"{a.max_abs:.2g}" if a else "", f"{a.cosine:.5f}" if a else "",
                   f"{a.top1_agreement:.1%}" if a and a.top1_agreement is not None else "")

@@ -67,13 +67,13 @@ def precision_section(s: "OptimizeSummary") -> list[str]:
     rows = []
     for v in p.variants:
         a = v.accuracy
-        rows.append([v.kernel, v.backend, v.precision, v.status + (f" ({v.note})" if v.note else ""),
+        rows.append([v.label, v.backend, v.precision, v.status + (f" ({v.note})" if v.note else ""),
                      f"{v.median_ms:.3f}" if v.median_ms is not None else "",
                      f"{a.error:.2g}" if a else "", f"{a.max_abs:.2g}" if a else "", f"{a.max_rel:.2g}" if a else "",
                      f"{a.cosine:.5f}" if a else "",
                      f"{a.top1_agreement:.1%}" if a and a.top1_agreement is not None else ""])
-    out += ["<p class='note'>Each variant is the whole plan with that kernel at that backend and precision (the "
-            "kernels searched before it as kept): its time is the median of interleaved rounds against the "
+    out += ["<p class='note'>Each variant is the whole plan with that kernel (and, for \"k3 +11\", the 11 kernels "
+            "that compute the same) at that backend and precision, the kernels searched before it as kept: its time is the median of interleaved rounds against the "
             "kernel's other variants, its accuracy the plan's outputs on every calibration sample.</p>",
             html_table(["kernel", "backend", "precision", "status", "plan ms", "error", "max abs", "max rel",
                         "cosine", "top-1 agreement"], rows)]

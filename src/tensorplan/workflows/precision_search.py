@@ -5,7 +5,7 @@ Why after the fp32 plan is chosen, and why this way: the fp32 solve decides how 
 kernels; a reduced precision changes what each kept kernel costs, and what it costs in accuracy can
 only be seen at the model's outputs (errors compound through later kernels, and a classifier's
 argmax forgives what a regression head does not). So the search re-prices the kept kernels, the
-heaviest first: every (backend, precision) variant a kernel builds (OpenVINO fp32/bf16/fp16/int8,
+heaviest first (kernels that compute the same, a model's repeated layers, as one): every (backend, precision) variant a kernel builds (OpenVINO fp32/bf16/fp16/int8,
 ONNX Runtime fp32/int8, PyTorch fp32/bf16) is swapped into the plan accumulated so far, the whole
 plan runs on the calibration set and is compared with ONNX Runtime on the model as given
 (`precision.accuracy.compare`), and the variants of one kernel are timed end to end against each
@@ -66,17 +66,23 @@ class VariantResult:
     cov: float | None = None
     accuracy: "Accuracy | None" = None
     note: str | None = None
+    alike: list[str] = field(default_factory=list)   # kernels computing the same (same canonical hash), changed with it
+
+    @property
+    def label(self) -> str:
+        """The kernel, and how many alike kernels the variant changed with it ("k3 +11")."""
+        return self.kernel + (f" +{len(self.alike)}" if self.alike else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kernel": self.kernel, "backend": self.backend, "precision": self.precision, "status": self.status,
-                "median_ms": self.median_ms, "cov": self.cov,
+        return {"kernel": self.kernel, "alike": list(self.alike), "backend": self.backend,
+                "precision": self.precision, "status": self.status, "median_ms": self.median_ms, "cov": self.cov,
                 "accuracy": self.accuracy.to_dict() if self.accuracy is not None else None, "note": self.note}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VariantResult":
         return cls(kernel=d["kernel"], backend=d["backend"], precision=d["precision"], status=d["status"],
                    median_ms=d.get("median_ms"), cov=d.get("cov"), accuracy=accuracy_from_dict(d.get("accuracy")),
-                   note=d.get("note"))
+                   note=d.get("note"), alike=list(d.get("alike") or []))
 
 
 @dataclass
@@ -97,7 +103,8 @@ class PrecisionSearch:
     samples: int
     calibration_warning: str | None = None
     warnings: list[str] = field(default_factory=list)
-    kernels: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)          # every kernel searched
+    groups: list[list[str]] = field(default_factory=list)     # ... as searched: alike kernels decided together
     variants: list[VariantResult] = field(default_factory=list)
     chosen: dict[str, str] = field(default_factory=dict)
     fp32: "Accuracy | None" = None
@@ -189,18 +196,24 @@ def precisions_to_try(precision: str, spec: Any = None) -> tuple[list[str], dict
 # ------------------------------------------------------------------------------------------------
 # the search
 # ------------------------------------------------------------------------------------------------
-def kernels_to_search(plan: Plan) -> list[str]:
-    """The plan's heaviest kernels (solo time, `predicted_s`) until they cover COVER of the plan's
-    total, at most MAX_KERNELS: where a cheaper precision can pay back its search."""
-    ks = sorted(plan.kernels, key=lambda k: -k.predicted_s)
-    total = sum(k.predicted_s for k in ks)
-    out: list[str] = []
+def kernels_to_search(plan: Plan) -> list[list[str]]:
+    """Groups of the plan's kernels to search, heaviest first (solo time, `predicted_s`, summed over a
+    group) until they cover COVER of the plan's total, at most MAX_KERNELS groups: where a cheaper
+    precision can pay back its search. Kernels that compute the same (one canonical hash and backend:
+    BERT's 12 layers) form one group and get one decision, so a repeated block is searched once."""
+    groups: dict[tuple[str, str], list] = {}
+    for k in plan.ordered_kernels():
+        key = (k.canonical_hash or f"kernel:{k.id}", k.backend)
+        groups.setdefault(key, []).append(k)
+    ranked = sorted(groups.values(), key=lambda g: -sum(k.predicted_s for k in g))
+    total = sum(k.predicted_s for k in plan.kernels)
+    out: list[list[str]] = []
     covered = 0.0
-    for k in ks:
+    for g in ranked:
         if len(out) >= MAX_KERNELS or (out and total > 0 and covered >= COVER * total):
             break
-        out.append(k.id)
-        covered += k.predicted_s
+        out.append([k.id for k in g])
+        covered += sum(k.predicted_s for k in g)
     return out
 
 
@@ -254,29 +267,31 @@ def search_precision(plan: Plan, calibration: "CalibrationSet", *, precision: st
         if tried == ["fp32"]:
             rec.search_s = time.perf_counter() - t_start
             return plan, rec
-        kids = kernels_to_search(plan)
-        rec.kernels = kids
+        groups = kernels_to_search(plan)
+        rec.groups = groups
+        rec.kernels = [k for g in groups for k in g]
         needs_int8 = "int8" in tried
-        captured = ex.capture(feeds, kids) if needs_int8 else {}
+        captured = ex.capture(feeds, rec.kernels) if needs_int8 else {}
         current, calls = plan, list(base_calls)
         history: list[tuple[str, Plan]] = []       # (kernel changed, plan before the change)
         from tensorplan.kernels.vendor import BACKEND_PRECISIONS
         # reduced precisions first (where the time is won), fp32 on the other backends last
         order = [p for p in tried if p != "fp32"] + ["fp32"]
         pairs = [(b, p) for p in order for b in BACKENDS if p in BACKEND_PRECISIONS.get(b, ())]
-        total = len(kids) * len(pairs)
-        with progress_bar(f"precision: {len(kids)} kernels x {len(pairs)} variants", total, progress) as advance:
-            for kid in kids:
+        total = len(groups) * len(pairs)
+        with progress_bar(f"precision: {len(groups)} kernels x {len(pairs)} variants", total, progress) as advance:
+            for group in groups:
+                kid, alike = group[0], group[1:]
                 k0 = current.kernel(kid)
                 if deadline is not None and time.perf_counter() >= deadline:
-                    rec.variants += [VariantResult(kid, b, p, "budget") for b, p in pairs
+                    rec.variants += [VariantResult(kid, b, p, "budget", alike=alike) for b, p in pairs
                                      if (b, p) != (k0.backend, k0.precision)]
                     rec.stop = "budget"
                     advance(len(pairs))
                     continue
                 base_name = f"{k0.backend or 'default'}/{k0.precision}"
                 base = VariantResult(kid, k0.backend, k0.precision, "baseline",
-                                     accuracy=compare(reference, outputs_of(calls)))
+                                     accuracy=compare(reference, outputs_of(calls)), alike=alike)
                 results: list[VariantResult] = [base]
                 built: dict[str, tuple[VariantResult, Plan, list]] = {base_name: (base, current, calls)}
                 for backend, prec in pairs:
@@ -285,11 +300,11 @@ def search_precision(plan: Plan, calibration: "CalibrationSet", *, precision: st
                     if name == base_name:
                         continue
                     if deadline is not None and time.perf_counter() >= deadline:
-                        results.append(VariantResult(kid, backend, prec, "budget"))
+                        results.append(VariantResult(kid, backend, prec, "budget", alike=alike))
                         rec.stop = "budget"
                         continue
-                    v, vplan, vcalls = _try_variant(current, prim, source, ex, index, calls, kid, backend, prec,
-                                                    threads, captured.get(kid))
+                    v, vplan, vcalls = _try_variant(current, prim, source, ex, index, calls, group, backend, prec,
+                                                    threads, captured)
                     results.append(v)
                     if vplan is None:
                         continue
@@ -305,15 +320,15 @@ def search_precision(plan: Plan, calibration: "CalibrationSet", *, precision: st
                     _time_variants(built, rounds)
                 keep = _pick(built, base_name, tolerance)
                 if keep != base_name:
-                    history.append((kid, current))
+                    history.append((base.label, current))
                     _, current, calls = built[keep]
                     built[keep][0].status = "kept"
-                    say(f"precision: kernel {kid}: {keep} ({built[keep][0].median_ms:.3f} ms vs "
+                    say(f"precision: kernel {base.label}: {keep} ({built[keep][0].median_ms:.3f} ms vs "
                         f"{base.median_ms:.3f} ms at {base_name}; {built[keep][0].accuracy.short()})")
                 else:
-                    say(f"precision: kernel {kid}: kept {base_name}"
+                    say(f"precision: kernel {base.label}: kept {base_name}"
                         + (f" ({base.median_ms:.3f} ms)" if base.median_ms is not None else ""))
-                if rec.baseline_ms is None and kid == kids[0]:
+                if rec.baseline_ms is None and group is groups[0]:
                     rec.baseline_ms = base.median_ms
                 rec.variants += results
         # the kept combination, rebuilt from its data alone, checked end to end; back off what breaks it
@@ -326,14 +341,14 @@ def search_precision(plan: Plan, calibration: "CalibrationSet", *, precision: st
             rec.final = compare(reference, outs)
             if rec.final.within(tolerance):
                 break
-            kid, before = history.pop()
-            rec.backed_off.append(kid)
+            label, before = history.pop()
+            rec.backed_off.append(label)
             say(f"precision: the kept combination is over the tolerance ({rec.final.short()}): backing off "
-                f"kernel {kid}")
+                f"kernel {label}")
             current = before
             rec.final = rec.fp32 if not history else rec.final
             for v in rec.variants:
-                if v.kernel == kid and v.status == "kept":
+                if v.label == label and v.status == "kept":
                     v.status, v.note = "within", "backed off: the combination broke the tolerance"
         if history:
             ex.set_inputs(feeds[0])
@@ -349,42 +364,44 @@ def search_precision(plan: Plan, calibration: "CalibrationSet", *, precision: st
     return current, rec
 
 
-def _try_variant(current: Plan, prim: Any, source: Any, ex: Any, index: dict[str, int], calls: list, kid: str,
-                 backend: str, prec: str, threads: int, calibration: list | None
+def _try_variant(current: Plan, prim: Any, source: Any, ex: Any, index: dict[str, int], calls: list,
+                 group: list[str], backend: str, prec: str, threads: int, captured: dict[str, list]
                  ) -> tuple[VariantResult, Plan | None, list | None]:
-    """Build kernel `kid` of `current` on `backend` at `prec` and bind it to the executor's buffers in
-    place of the current one: (record, the plan with it, the plan's calls), or (record, None, None)
-    when it does not build as asked."""
-    from tensorplan.runtime.executor import kernel_graph
+    """Build every kernel of `group` (alike kernels) of `current` on `backend` at `prec` and bind each to
+    the executor's buffers in place of the current one: (record, the plan with them, the plan's calls),
+    or (record, None, None) when one does not build as asked. An int8 kernel is quantized on its own
+    inputs inside the plan (`captured`, from `PlanExecutor.capture`)."""
     from tensorplan.kernels.vendor import make_kernel
+    from tensorplan.runtime.executor import kernel_graph
 
-    v = VariantResult(kid, backend, prec, "not built")
-    try:
-        vplan = current.with_precision(kid, prec, backend)
-        k = vplan.kernel(kid)
-        sub = kernel_graph(prim, k, source)
-        sched = {x: y for x, y in k.schedule.items() if x not in ("operators", "quantized")} or None
-        compiled = make_kernel(sub, list(k.outputs), backend, threads=threads, schedule=sched, precision=prec,
-                               calibration=calibration if prec == "int8" else None)
-    except TensorplanError as e:
-        v.note = _first_line(e)
-        return v, None, None
-    if getattr(compiled, "backend", backend) != backend:
-        v.status, v.note = "fell back", f"built on {compiled.backend}, not {backend}"
-        return v, None, None
-    if prec == "int8":     # its quantized model: what rebuilds it without calibration data (Plan.save)
-        k.quantized = getattr(compiled, "quantized", None)
-        if k.quantized is None:
-            v.note = f"{backend} built an int8 kernel without a quantized model to keep"
+    v = VariantResult(group[0], backend, prec, "not built", alike=list(group[1:]))
+    vplan, vcalls = current, list(calls)
+    for kid in group:
+        try:
+            vplan = vplan.with_precision(kid, prec, backend)
+            k = vplan.kernel(kid)
+            sub = kernel_graph(prim, k, source)
+            sched = {x: y for x, y in k.schedule.items() if x not in ("operators", "quantized")} or None
+            compiled = make_kernel(sub, list(k.outputs), backend, threads=threads, schedule=sched, precision=prec,
+                                   calibration=captured.get(kid) if prec == "int8" else None)
+        except TensorplanError as e:
+            v.note = _first_line(e) + (f" (kernel {kid})" if kid != group[0] else "")
             return v, None, None
-    try:
-        call = compiled.bind([ex.tensors[n] for n in compiled.input_names],
-                             [ex.tensors[n] for n in compiled.output_names])
-    except (TensorplanError, KeyError) as e:
-        v.status, v.note = "failed", f"could not bind to the plan's buffers: {_first_line(e)}"
-        return v, None, None
-    vcalls = list(calls)
-    vcalls[index[kid]] = call
+        if getattr(compiled, "backend", backend) != backend:
+            v.status, v.note = "fell back", f"built on {compiled.backend}, not {backend}"
+            return v, None, None
+        if prec == "int8":     # its quantized model: what rebuilds it without calibration data (Plan.save)
+            made = getattr(compiled, "quantized", None)
+            if made is None:
+                v.note = f"{backend} built an int8 kernel without a quantized model to keep"
+                return v, None, None
+            vplan = vplan.with_precision(kid, prec, backend, quantized=made)
+        try:
+            vcalls[index[kid]] = compiled.bind([ex.tensors[n] for n in compiled.input_names],
+                                               [ex.tensors[n] for n in compiled.output_names])
+        except (TensorplanError, KeyError) as e:
+            v.status, v.note = "failed", f"could not bind to the plan's buffers: {_first_line(e)}"
+            return v, None, None
     return v, vplan, vcalls
 
 
