@@ -26,6 +26,7 @@ import time
 import traceback
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
@@ -135,6 +136,27 @@ def summarize(per_model: dict, machine: dict) -> dict:
             "other_models": group([n for n in per_model if n not in KORCH_MODELS]), "per_model": per_model}
 
 
+def run_per_model(models: str, rdir: Path, force: bool, bench: Callable[[str], dict],
+                  headline: Callable[[str], str]) -> None:
+    """Resumable per-model loop: `bench(name)` for each comma-separated model without a result in
+    `rdir` (all with `force`), its dict written to `rdir/<name>.json`; a model that raises is
+    recorded with its error and the others still run."""
+    rdir.mkdir(parents=True, exist_ok=True)
+    for name in [m.strip() for m in models.split(",") if m.strip()]:
+        path = rdir / f"{name}.json"
+        if path.exists() and not force:
+            log(f"{name}: kept {path} (--force re-runs)")
+            continue
+        log(headline(name))
+        try:
+            res = bench(name)
+        except Exception as e:  # noqa: BLE001 - one model's failure is recorded, the others still run
+            res = {"model": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
+            log(f"{name}: FAILED {res['error']}")
+        res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        path.write_text(json.dumps(res, indent=1, default=str))
+
+
 def main(argv=None) -> int:
     from tensorplan.workflows.optimize import parse_budget
 
@@ -157,20 +179,8 @@ def main(argv=None) -> int:
     from tensorplan.measure.store import Store
     shared = Store(args.store)
     rdir = Path(args.results_dir)
-    rdir.mkdir(parents=True, exist_ok=True)
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        path = rdir / f"{name}.json"
-        if path.exists() and not args.force:
-            log(f"{name}: kept {path} (--force re-runs)")
-            continue
-        log(f"{name}: optimize, budget {args.budget_s:.0f}s")
-        try:
-            res = bench_model(name, args, shared)
-        except Exception as e:  # noqa: BLE001 - one model's failure is recorded, the others still run
-            res = {"model": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
-            log(f"{name}: FAILED {res['error']}")
-        res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        path.write_text(json.dumps(res, indent=1, default=str))
+    run_per_model(args.models, rdir, args.force, lambda name: bench_model(name, args, shared),
+                  lambda name: f"{name}: optimize, budget {args.budget_s:.0f}s")
     per_model = {p.stem: json.loads(p.read_text()) for p in sorted(rdir.glob("*.json"))}
     summary = summarize(per_model, machine_info(args.threads))
     Path(args.out).write_text(json.dumps(summary, indent=1, default=str))

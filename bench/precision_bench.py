@@ -23,10 +23,10 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
-from optimize_bench import KORCH_MODELS, OTHER_MODELS, RESULTS, geomean, log, machine_info, plan_facts
+from optimize_bench import (KORCH_MODELS, OTHER_MODELS, RESULTS, geomean, log, machine_info, plan_facts,
+                            run_per_model)
 
 #: The tolerance the benchmark states: the model's outputs stay within 2 % of their range of fp32.
 TOLERANCE = 0.02
@@ -189,20 +189,9 @@ def main(argv=None) -> int:
             ap.error(f"--tolerance {args.tolerance!r}: a number >= 0 or '{MATCH}'")
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     rdir = Path(args.results_dir)
-    rdir.mkdir(parents=True, exist_ok=True)
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        path = rdir / f"{name}.json"
-        if path.exists() and not args.force:
-            log(f"{name}: kept {path} (--force re-runs)")
-            continue
-        log(f"{name}: optimize --precision auto --tolerance {args.tolerance_label}, budget {args.budget_s:.0f}s")
-        try:
-            res = bench_model(name, args)
-        except Exception as e:  # noqa: BLE001 - one model's failure is recorded, the others still run
-            res = {"model": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
-            log(f"{name}: FAILED {res['error']}")
-        res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        path.write_text(json.dumps(res, indent=1, default=str))
+    run_per_model(args.models, rdir, args.force, lambda name: bench_model(name, args),
+                  lambda name: f"{name}: optimize --precision auto --tolerance {args.tolerance_label}, "
+                               f"budget {args.budget_s:.0f}s")
     per_model = {p.stem: json.loads(p.read_text()) for p in sorted(rdir.glob("*.json"))}
     summary = summarize(per_model, machine_info(args.threads), args.tolerance_label)
     Path(args.out).write_text(json.dumps(summary, indent=1, default=str))

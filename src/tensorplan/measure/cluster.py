@@ -20,6 +20,8 @@ job's label, and the other jobs go on.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import hashlib
 import json
 import logging
@@ -119,14 +121,15 @@ def _execute(fn: Callable[..., Any], args: tuple) -> tuple[bool, Any, str, float
     return ok, value, f"{socket.gethostname()}/{os.getpid()}", time.perf_counter() - t0
 
 
-class JobRunner:
-    """Runs `ClusterJob`s and yields a `JobResult` for each (see the module docstring)."""
+class JobRunner(ABC):
+    """Runs `ClusterJob`s and yields a `JobResult` for each (see the module docstring); the two
+    implementations are `InProcessRunner` and `RayRunner`."""
 
     kind = "in-process"
 
+    @abstractmethod
     def run(self, jobs: Sequence[ClusterJob]) -> Iterator[JobResult]:
         """Results in completion order (each carries its job's index)."""
-        raise NotImplementedError
 
     def map(self, jobs: Sequence[ClusterJob]) -> list[JobResult]:
         """Results in job order."""
