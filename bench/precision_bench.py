@@ -131,22 +131,37 @@ def bench_model(name: str, args) -> dict:
                                    for k, t in timings.runners.items()},
                      "noisy": timings.noise_reason, "skipped": timings.skipped, "method": timings.method}
     out["accuracy"] = accuracy
-    if BASELINE in med:
-        out["speedup_over_openvino_default"] = med[BASELINE] / med["tensorplan"]
-        a, b = accuracy.get("tensorplan", {}).get("error"), accuracy.get(BASELINE, {}).get("error")
-        out["accuracy_at_least_openvino_default"] = a is not None and b is not None and a <= b
+    out.update(against_openvino_default(out))
     for peer in ("openvino", "onnxruntime", "onnxruntime-int8", "openvino-int8"):
         if peer in med:
             out.setdefault("speedup_over", {})[peer] = med[peer] / med["tensorplan"]
     log(f"{name}: " + ", ".join(f"{k} {v:.2f} ms (error {accuracy.get(k, {}).get('error')})" for k, v in med.items())
-        + (f"; {out['speedup_over_openvino_default']:.2f}x over OpenVINO default" if BASELINE in med else "")
+        + (f"; {out['speedup_over_openvino_default']:.2f}x over OpenVINO default ({out['baseline']})"
+           if "speedup_over_openvino_default" in out else "")
         + (f" (noisy: {timings.noise_reason})" if timings.noise_reason else ""))
     return out
+
+
+def against_openvino_default(row: dict) -> dict:
+    """The speed-up of the kept plan over OpenVINO's default and whether its error is at most
+    OpenVINO default's, from one model's timing and accuracy. OpenVINO's default is the peer
+    `openvino-default` where it computes in a reduced precision (bf16 on CPUs with bf16 units); where
+    it computes in fp32 (no bf16 units) the peers hold only `openvino`, which then is its default."""
+    med, acc = row["timing"]["median_ms"], row["accuracy"]
+    base = BASELINE if BASELINE in med else "openvino" if "openvino" in med else None
+    if base is None or "tensorplan" not in med:
+        return {}
+    a, b = acc.get("tensorplan", {}).get("error"), acc.get(base, {}).get("error")
+    return {"baseline": base, "baseline_precision": row["timing"]["precision"].get(base),
+            "speedup_over_openvino_default": med[base] / med["tensorplan"],
+            "accuracy_at_least_openvino_default": a is not None and b is not None and a <= b}
 
 
 def summarize(per_model: dict, machine: dict, tolerance: str) -> dict:
     def group(names: list[str]) -> dict:
         rows = [per_model[n] for n in names if n in per_model and "error" not in per_model[n]]
+        for r in rows:                       # recomputed: results written before `baseline` was recorded
+            r.update(against_openvino_default(r))
         return {"models": [r["model"] for r in rows],
                 "geomean_speedup_over_openvino_default": geomean([r.get("speedup_over_openvino_default")
                                                                   for r in rows]),
@@ -157,7 +172,9 @@ def summarize(per_model: dict, machine: dict, tolerance: str) -> dict:
                 "median_time_to_plan_s": statistics.median([r["optimize"]["total_s"] for r in rows]) if rows else None}
     from tensorplan.precision.native import native_precisions
     native = {p: s.to_dict() for p, s in native_precisions().items()}
+    from tensorplan.workflows.peers import openvino_default_precision
     return {"machine": machine, "native_precisions": native, "tolerance": tolerance, "baseline": BASELINE,
+            "openvino_default_precision": openvino_default_precision(),
             "korch_models": group(KORCH_MODELS), "other_models": group([n for n in per_model if n not in KORCH_MODELS]),
             "failed": {n: r["error"] for n, r in per_model.items() if "error" in r}, "per_model": per_model}
 

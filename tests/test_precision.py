@@ -303,6 +303,8 @@ def test_native_precisions_of_other_devices():
     # Zen 3 (EPYC 7763) has no bf16 units: a bf16 request is told it would be emulated
     warn = check_precision("bf16", device("epyc-7763"))
     assert warn is not None and "emulated and slower than fp32" in warn
+    zen3 = native_precisions(device("epyc-7763"))   # AVX2, no VNNI: int8 not native but worth measuring
+    assert not zen3["int8"].native and zen3["int8"].may_gain and not zen3["bf16"].may_gain
     h100 = native_precisions(device("h100"))
     assert h100["fp16"].native and h100["bf16"].native and h100["int8"].native
 
@@ -319,7 +321,9 @@ def test_cli_devices_says_which_precisions_run_natively(tmp_cache):
     assert out["local"][0]["extra"]["precision_flags"] == sorted(out["local"][0]["extra"]["precision_flags"])
     if "avx512_bf16" in FLAGS and "amx_bf16" not in FLAGS:
         assert local["bf16"] == {"precision": "bf16", "native": True, "via": "AVX512-BF16",
-                                 "note": local["bf16"]["note"]}
+                                 "note": local["bf16"]["note"], "may_gain": True}
+    if FLAGS and not FLAGS & {"amx_bf16", "avx512_bf16"}:
+        assert local["bf16"]["native"] is False and local["bf16"]["may_gain"] is False
     r = CliRunner().invoke(app, ["devices", "--local", "--quick"])
     assert r.exit_code == 0, r.output
     assert "precisions on" in r.stdout and "bf16" in r.stdout

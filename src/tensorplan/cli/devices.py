@@ -91,5 +91,6 @@ def _print_precisions(out: Console, local: list, precisions: dict) -> None:
         for col in ("precision", "native", "via", "note"):
             t.add_column(col, overflow="fold")
         for s in precisions[d.name].values():
-            t.add_row(s.precision, "yes" if s.native else "[yellow]no (emulated)[/]", s.via, s.note)
+            t.add_row(s.precision, "yes" if s.native else "[yellow]no (emulated)[/]"
+                      + (" [dim]-- auto tries it[/]" if s.may_gain and not s.native else ""), s.via, s.note)
         out.print(t)

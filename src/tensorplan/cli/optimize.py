@@ -46,7 +46,8 @@ def register(app: typer.Typer) -> None:
                                         "cluster this machine belongs to. Timings land in this machine's store."),
         precision: Precision = typer.Option("fp32", "--precision", case_sensitive=False,
                                       help="Kernel precision: fp32 (default); bf16, fp16 or int8 (each kept kernel "
-                                      "tries fp32 and that one); auto (every precision this CPU runs natively, see "
+                                      "tries fp32 and that one); auto (every precision that may beat fp32 on "
+                                      "this CPU: the native ones, and int8 without dot-product units; see "
                                       "`tensorplan devices`). Each of the plan's heaviest kernels gets the fastest "
                                       "(backend, precision) whose model outputs stay within --tolerance of fp32."),
         tolerance: float = typer.Option(0.02, "--tolerance", min=0.0, help="Accuracy budget of a reduced "

@@ -41,12 +41,20 @@ _ARM_ISA_UNITS = {"bf16": (("bf16", "Arm BF16"),), "fp16": (("fp16", "Armv8.2 FP
 @dataclass
 class PrecisionSupport:
     """How a device computes in `precision`: `native` when it has units for it, `via` which ones (or
-    how it is emulated), `note` what that means for speed."""
+    how it is emulated), `note` what that means for speed. `may_gain`: whether it can still run faster
+    than fp32 here, so `--precision auto` measures it (native, or int8 through integer SIMD without
+    dot-product units: 16-bit multiply-adds still do twice fp32's lanes; emulated bf16/fp16 never
+    gain). None means `native`."""
 
     precision: str
     native: bool
     via: str
     note: str
+    may_gain: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.may_gain is None:
+            self.may_gain = self.native
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,9 +146,11 @@ def _emulated(p: str, kind: str, have: set[str], verbatim: bool, device: str) ->
                                 f"no FP16 arithmetic (Armv8.2 FP16) on {device}: fp16 would be emulated")
     vnni = "AMX-INT8, AVX512-VNNI or AVX-VNNI" if kind == "x86" else "I8MM or the dot-product extension"
     via = ("16-bit multiply-adds (AVX2/AVX-512 without VNNI)" if kind == "x86" else "widening NEON multiplies")
+    simd = bool({"avx2", "avx512f", "avx512bw"} & have) if kind == "x86" else True   # NEON is baseline on Arm
     return PrecisionSupport("int8", False, via,
-                            f"no int8 dot-product units ({vnni}) on {device}: int8 gains much less over fp32, "
-                            "and ONNX Runtime's int8 may saturate")
+                            f"no int8 dot-product units ({vnni}) on {device}: int8 gains less over fp32 "
+                            "(measured, not assumed), and weights are quantized to 7 bits against saturation",
+                            may_gain=simd)
 
 
 def check_precision(precision: str, spec: DeviceSpec | None = None) -> str | None:

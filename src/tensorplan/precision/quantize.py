@@ -10,9 +10,11 @@ and the step, never the quantizer's traceback.
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
-import sys
 import tempfile
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,6 +58,27 @@ def _feeds(model: onnx.ModelProto, calibration: list[dict[str, np.ndarray]], wha
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+@contextlib.contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """Keep the quantizers' chatter out of tensorplan's output (the CLI's progress, `--json` on stdout):
+    NNCF's banner and progress bars (printed to stdout), NNCF's and ONNX Runtime's Python-logging
+    notices, ONNX Runtime's C++ session warnings. Errors still raise; their message is what the caller
+    reports."""
+    import onnxruntime as ort
+    nncf_logger = logging.getLogger("nncf")
+    level = nncf_logger.level
+    nncf_logger.setLevel(logging.ERROR)
+    logging.disable(logging.WARNING)          # ONNX Runtime's quantizer warns through the root logger
+    ort.set_default_logger_severity(3)        # errors only (the default, 2, also prints warnings)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        ort.set_default_logger_severity(2)
+        logging.disable(logging.NOTSET)
+        nncf_logger.setLevel(level)
 
 
 def _first_line(e: BaseException) -> str:
@@ -122,7 +145,7 @@ def ort_int8(model: onnx.ModelProto, calibration: list[dict[str, np.ndarray]], *
             quant_pre_process(src, pre, skip_symbolic_shape=True, save_as_external_data=external,
                               all_tensors_to_one_file=True)
             step = "calibration and quantization (quantize_static)"
-            with contextlib.redirect_stdout(sys.stderr):   # keep stdout clean for --json
+            with _quiet_quantizer():
                 quantize_static(pre, out, _Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
                                 reduce_range=reduce_range, activation_type=QuantType.QUInt8,
                                 weight_type=QuantType.QInt8,
@@ -150,7 +173,7 @@ def openvino_int8(model: onnx.ModelProto, calibration: list[dict[str, np.ndarray
     target CPU, every calibration sample used for the statistics). `model_type` "transformer" or
     "cnn" picks NNCF's scheme; None decides by `looks_like_transformer`. Compile the result with
     `openvino.Core().compile_model(result, "CPU", ...)`. Raises CompileError naming the model and the
-    step on failure. NNCF's progress bars go to stderr."""
+    step on failure. NNCF's progress bars and notices are not shown."""
     name = _name(model, name)
     if model_type not in (None, "transformer", "cnn"):
         raise CompileError(f"OpenVINO int8 of '{name}': model_type {model_type!r} is not 'transformer', 'cnn' "
@@ -161,7 +184,7 @@ def openvino_int8(model: onnx.ModelProto, calibration: list[dict[str, np.ndarray
     except Exception as e:  # noqa: BLE001 - ImportError or a missing shared library
         raise CompileError(f"OpenVINO int8 of '{name}': OpenVINO does not import: {_first_line(e)}") from None
     try:
-        with contextlib.redirect_stdout(sys.stderr):   # NNCF's banner and rich bars print to stdout
+        with _quiet_quantizer():                       # NNCF's banner prints to stdout
             import nncf
     except Exception as e:  # noqa: BLE001
         raise CompileError(f"OpenVINO int8 of '{name}': NNCF does not import ({_first_line(e)}); "
@@ -182,7 +205,7 @@ def openvino_int8(model: onnx.ModelProto, calibration: list[dict[str, np.ndarray
             else:
                 ov_model = ov.Core().read_model(model.SerializeToString(), b"")
             step = "NNCF post-training quantization"
-            with contextlib.redirect_stdout(sys.stderr):
+            with _quiet_quantizer():
                 return nncf.quantize(ov_model, nncf.Dataset(feeds), **kwargs)
     except Exception as e:  # noqa: BLE001 - OpenVINO and NNCF raise many types; one clear error
         raise CompileError(f"OpenVINO int8 of '{name}' failed in {step}: {_first_line(e)}") from None

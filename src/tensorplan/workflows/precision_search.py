@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from tensorplan.precision.accuracy import Accuracy
     from tensorplan.precision.calibration import CalibrationSet
 
-#: What `--precision` accepts: one precision, or `auto` (every precision this device runs natively).
+#: What `--precision` accepts: one precision, or `auto` (every precision that may beat fp32 on this device:
+#: the native ones, and int8 through integer SIMD without dot-product units).
 CHOICES = ("fp32", "bf16", "fp16", "int8", "auto")
 #: The backends each kernel is tried on, at the precisions each builds (`kernels.vendor.BACKEND_PRECISIONS`;
 #: a variant that still does not build, e.g. torch on a kernel that is not one linear primitive, is
@@ -178,7 +179,7 @@ def check_arguments(precision: str, tolerance: float) -> None:
 
 def precisions_to_try(precision: str, spec: Any = None) -> tuple[list[str], dict[str, str], list[str]]:
     """(precisions tried, native support per precision as text, warnings) for `--precision`: `auto` is
-    every precision this device runs natively (fp32 always); a named one is fp32 and that one, with
+    every precision that may beat fp32 here (`PrecisionSupport.may_gain`; fp32 always); a named one is fp32 and that one, with
     `check_precision`'s warning when it would be emulated; `fp32` is fp32 only."""
     from tensorplan.precision.native import PRECISIONS, check_precision, native_precisions
     check_arguments(precision, 0.0)
@@ -186,7 +187,7 @@ def precisions_to_try(precision: str, spec: Any = None) -> tuple[list[str], dict
     native = {p: ("native" if s.native else "emulated") + (f" via {s.via}" if s.via else "")
               + (f" ({s.note})" if s.note else "") for p, s in support.items()}
     if precision == "auto":
-        return [p for p in PRECISIONS if p == "fp32" or support[p].native], native, []
+        return [p for p in PRECISIONS if p == "fp32" or support[p].may_gain], native, []
     if precision == "fp32":
         return ["fp32"], native, []
     warn = check_precision(precision, spec)
