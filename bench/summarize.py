@@ -603,10 +603,10 @@ def korch_gpu_section() -> list[str]:
         return []
     mach, pk = d["machine"], d["peaks"]
     rows = [(k, d["models"][k]) for k in d["summary"]["models"]]
-    systems = ["tensorplan", "torch.compile-cudagraphs", "torch.compile", "pytorch", "greedy", "no-fusion",
-               "tensorplan (no CUDA graph)"]
+    systems = ["tensorplan", "torch.compile-cudagraphs", "torch.compile", "torch.compile-max-autotune", "pytorch",
+               "greedy", "no-fusion", "tensorplan (no CUDA graph)"]
     out = ["## Korch on a GPU (PyTorch-built kernels)", "",
-           f"`python bench/korch_gpu.py --models candy efficientvit-b1 yolox-nano` on one {mach['gpu']} "
+           f"`python bench/korch_gpu.py --models {' '.join(k for k, _ in rows)}` on one {mach['gpu']} "
            f"(driver {mach['driver']}, torch {mach['versions']['torch']}, Triton {mach['versions']['triton']}; "
            f"{mach['nproc']} CPU cores), results of separate calls folded together with `--merge`, every model "
            f"on the same machine. Each unique candidate kernel is built by `kernels.torch_kernel` (Inductor fuses a "
