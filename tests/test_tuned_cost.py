@@ -4,6 +4,9 @@ real compiled kernels and real timings."""
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -14,6 +17,8 @@ pytest.importorskip("tvm")
 
 from conftest import onnx_model  # noqa: E402
 from tensorplan.errors import CompileError, PlanError  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
 
 
 def _model():
@@ -53,6 +58,7 @@ def test_sampled_schedules_replay_and_compute_the_default_outputs(problem):
     from tensorplan.kernels.lower import lower
     from tensorplan.kernels.sampled import sample_schedules
     from tensorplan.kernels.schedule import replay_trace
+    from tensorplan.cost.measured import KernelJob, time_kernel
     from tensorplan.kernels.vendor import random_inputs
     prim, mem = problem
     c = _biggest(mem)
@@ -65,14 +71,19 @@ def test_sampled_schedules_replay_and_compute_the_default_outputs(problem):
     ref = compile_kernel(sub, list(c.outputs), threads=2)
     ins = random_inputs(sub, list(ref.input_names))
     want = ref(*ins, out=ref.alloc_outputs())
+    right = 0
     for s in got:
         json.dumps(s.trace)                                            # plain JSON
         assert tvm_ffi.structural_equal(replay_trace(low, s.trace), s.mod)
         k = compile_kernel(sub, list(c.outputs), schedule=s.schedule, threads=2)
         assert k.schedule["name"] == "sampled"
         out = k(*ins, out=k.alloc_outputs())
-        for a, b in zip(out, want):
-            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+        if all(np.allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5) for a, b in zip(out, want)):
+            right += 1
+        else:   # TVM can compile a draw that computes something else: measuring refuses it
+            oc = time_kernel(KernelJob(sub, list(c.outputs), ["tvm", "tvm:s0"], [s.schedule], threads=2))
+            assert "tvm:s0" not in oc.timings and oc.errors["tvm:s0"].startswith("wrong result against variant 'tvm'")
+    assert right >= 1
     bad = {"name": "sampled", "trace": got[0].trace}
     other = min(mem, key=lambda x: len(x.nodes))
     if other.canonical_hash != c.canonical_hash:
@@ -80,6 +91,31 @@ def test_sampled_schedules_replay_and_compute_the_default_outputs(problem):
             compile_kernel(other.graph(prim), list(other.outputs), schedule=bad, threads=2)
     with pytest.raises(CompileError, match="needs its 'trace'"):
         compile_kernel(sub, list(c.outputs), schedule={"name": "sampled"}, threads=2)
+
+
+def test_a_sampled_schedule_that_computes_wrong_values_is_never_timed(problem, tmp_path):
+    """A real meta_schedule draw that apache-tvm 0.27 compiles into a wrong kernel (the softmax
+    denominator merged inside its consumer's reduction loop, summed 64 times; tests/data): measuring
+    it beside the default schedule refuses it with the reason, times the rest, and a MeasuredCost
+    records the default's schedule for the kernel, never the wrong one."""
+    from tensorplan.cost.measured import KernelJob, MeasuredCost, time_kernel
+    from tensorplan.kernels.build import compile_kernel
+    from tensorplan.kernels.vendor import random_inputs
+    prim, mem = problem
+    c = _biggest(mem)
+    sub = c.graph(prim)
+    wrong = {"name": "sampled", "trace": json.loads((DATA / "sampled_wrong_result_trace.json").read_text())["trace"]}
+    k = compile_kernel(sub, list(c.outputs), schedule=wrong, threads=2)     # it builds and runs ...
+    ref = compile_kernel(sub, list(c.outputs), threads=2)
+    ins = random_inputs(sub, list(ref.input_names))
+    a, b = k(*ins, out=k.alloc_outputs())[0].numpy(), ref(*ins, out=ref.alloc_outputs())[0].numpy()
+    assert np.abs(a - b).max() > 1e-3 * np.abs(b).max()                     # ... and computes something else
+    oc = time_kernel(KernelJob(sub, list(c.outputs), ["tvm", "tvm:s0"], [wrong], threads=2, budget_s=0.01))
+    assert set(oc.timings) == {"tvm"}
+    assert oc.errors["tvm:s0"].startswith("wrong result against variant 'tvm' on the same inputs (output ")
+    cost = MeasuredCost(tmp_path / "store.sqlite", "local", threads=2, tvm_schedules=lambda g, cand: [wrong])
+    assert math.isfinite(cost.cost(prim, c))
+    assert cost.kernel_info(prim, c)["schedule"] == {"name": "default"}
 
 
 def test_tuned_cost_beats_or_ties_the_default_prediction_and_caches(problem, store):
@@ -135,7 +171,9 @@ def test_measured_top_k_keeps_the_fastest_timed_schedule(problem, store):
         times = rec["extra"]["times"]
         timed = {name: mc._variant(name, mc._extra_schedules(prim, c)) for name in times}
         extra = mc._extra_schedules(prim, c)
-        assert all(f"tvm:s{j}" in times for j in range(len(extra)))  # every extra schedule was timed
+        errors = rec["extra"]["errors"] or {}
+        for j in range(len(extra)):      # every extra schedule was timed, or refused for computing wrong values
+            assert f"tvm:s{j}" in times or errors[f"tvm:s{j}"].startswith("wrong result against variant")
         info = mc.kernel_info(prim, c)
         assert (info["backend"], info["schedule"]) in timed.values()
         assert v == pytest.approx(min(times.values())) and v > 0

@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from tensorplan.cost import node_index
 from tensorplan.errors import CompileError, TensorplanError
 from tensorplan.ir.graph import Graph
@@ -334,10 +336,12 @@ def time_kernel(job: KernelJob) -> KernelOutcome:
     from tensorplan.measure.timer import pinned_threads
     t0 = time.perf_counter()
     out = KernelOutcome({}, {})
+    ref: tuple[str, dict[str, np.ndarray]] | None = None   # the first variant that ran: what the others must compute
     with pinned_threads(job.threads):
         for b in job.variants:
             try:
-                tm, compile_s = _time_variant(job, b)
+                tm, compile_s, got = _time_variant(job, b, ref)
+                ref = ref or (b, got)
             except (CompileError, TensorplanError) as e:
                 out.errors[b] = str(e)[:300]
                 continue
@@ -350,8 +354,45 @@ def time_kernel(job: KernelJob) -> KernelOutcome:
     return out
 
 
-def _time_variant(job: KernelJob, variant: str):
-    """(Timing, compile seconds) of one variant of the job's kernel."""
+#: A variant whose outputs differ from the first variant's by more than this share of their largest
+#: magnitude computes something else (fp32 reordering and exp approximations stay below 1e-5).
+WRONG_RESULT = 1e-3
+
+
+def _as_numpy(t: Any) -> np.ndarray:
+    return np.asarray(t.detach().cpu().numpy() if hasattr(t, "detach") else t.numpy() if hasattr(t, "numpy") else t)
+
+
+def _mismatch(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> str | None:
+    """Why `got` is not what `want` holds (outputs by name), or None when it is (within WRONG_RESULT)."""
+    for i, b in want.items():
+        a = got.get(i)
+        if a is None:
+            return f"output {i} is missing"
+        if a.shape != b.shape:
+            return f"output {i} has shape {a.shape}, not {b.shape}"
+        if not np.issubdtype(b.dtype, np.floating):
+            if not np.array_equal(a, b):
+                return f"output {i} differs in {int(np.count_nonzero(a != b))} of {b.size} elements"
+            continue
+        if not np.array_equal(np.isfinite(a), np.isfinite(b)):
+            return f"output {i} is not finite where the reference is (or the other way round)"
+        fin = np.isfinite(b)
+        if not fin.any():
+            continue
+        err = float(np.abs(a[fin].astype(np.float64) - b[fin]).max())
+        scale = max(float(np.abs(b[fin]).max()), 1e-6)
+        if err > WRONG_RESULT * scale:
+            return f"output {i}: max |out - ref| {err:.3g} = {err / scale:.2g} of its largest magnitude"
+    return None
+
+
+def _time_variant(job: KernelJob, variant: str, ref: tuple[str, dict[str, np.ndarray]] | None):
+    """(Timing, compile seconds, outputs) of one variant of the job's kernel. Its outputs on the
+    shared random inputs must be the reference variant's (`ref`: the first that ran), else it raises
+    CompileError and is not timed: a meta_schedule draw can compile to a kernel that computes
+    something else (e.g. a reduction computed inside its consumer's reduction loop, summed again
+    on every iteration), and a wrong kernel must never win on speed."""
     from tensorplan.measure.timer import measure
     from tensorplan.kernels.vendor import make_kernel, random_inputs
     t0 = time.perf_counter()
@@ -361,8 +402,15 @@ def _time_variant(job: KernelJob, variant: str):
     ins = random_inputs(job.sub, list(k.input_names))
     outs = k.alloc_outputs()
     fn = k.bind(ins, outs)
+    fn()
+    got = {n: _as_numpy(o).copy() for n, o in zip(k.output_names, outs)}
+    if ref is not None:
+        why = _mismatch(got, ref[1])
+        if why is not None:
+            raise CompileError(f"wrong result against variant '{ref[0]}' on the same inputs ({why}); not timed, "
+                               "never used")
     return measure(fn, warmup=2, min_repeats=5, max_repeats=200, budget_s=job.budget_s, number=None,
-                   min_repeat_s=2e-4), compile_s
+                   min_repeat_s=2e-4), compile_s, got
 
 
 def schedules_digest(schedules: list[dict]) -> str:
