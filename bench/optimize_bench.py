@@ -140,11 +140,11 @@ def run_per_model(models: str, rdir: Path, force: bool, bench: Callable[[str], d
                   headline: Callable[[str], str]) -> None:
     """Resumable per-model loop: `bench(name)` for each comma-separated model without a result in
     `rdir` (all with `force`), its dict written to `rdir/<name>.json`; a model that raises is
-    recorded with its error and the others still run."""
+    recorded with its error and the others still run; a later run retries it."""
     rdir.mkdir(parents=True, exist_ok=True)
     for name in [m.strip() for m in models.split(",") if m.strip()]:
         path = rdir / f"{name}.json"
-        if path.exists() and not force:
+        if path.exists() and not force and "error" not in json.loads(path.read_text()):
             log(f"{name}: kept {path} (--force re-runs)")
             continue
         log(headline(name))

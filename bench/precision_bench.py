@@ -51,7 +51,8 @@ def _outputs(handle, feeds: list[dict], names: list[str]) -> list[dict]:
     outs = []                                                            # openvino.CompiledModel
     for f in feeds:
         req = handle.create_infer_request()
-        res = req.infer({p.get_any_name(): f[p.get_any_name()] for p in handle.inputs})
+        res = req.infer({k: f[next((n for n in sorted(p.get_names()) if n in f), p.get_any_name())]
+                         for k, p in enumerate(handle.inputs)})
         by_name = {}
         for k, port in enumerate(handle.outputs):
             for n in port.get_names():

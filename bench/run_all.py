@@ -57,7 +57,10 @@ STEPS: list[tuple[str, list[str], float]] = [
     # tensorplan optimize on the 7 Korch models and 6 others, cold store, against the peers (issue 59)
     ("optimize", [PY, "bench/optimize_bench.py"], 240),
     ("ray", [PY, "bench/ray_bench.py", "--rounds", "5"], 10),
-    ("precision", [PY, "bench/precision_bench.py"], 180),
+    ("precision", [PY, "bench/precision_bench.py", "--budget", "4m"], 90),
+    ("precision-matched", [PY, "bench/precision_bench.py", "--budget", "4m", "--tolerance", "openvino-default",
+                           "--results-dir", "bench/results/precision_match",
+                           "--out", "bench/results/precision_bench_match.json"], 90),
     ("summarize", [PY, "bench/summarize.py"], 0.1),
 ]
 

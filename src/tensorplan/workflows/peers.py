@@ -183,7 +183,9 @@ def _openvino_peer(name: str, label: str, model, feeds: dict[str, np.ndarray], c
         req = compiled.create_infer_request()
         keep = []
         for k, port in enumerate(compiled.inputs):
-            n = port.get_any_name()
+            # an input port can carry several tensor names (OpenVINO merges an input with the Reshape that
+            # only renames it, e.g. gpt2's input_ids and /gpt2/Reshape_output_0): the one given counts
+            n = next((m for m in sorted(port.get_names()) if m in feeds), port.get_any_name())
             if n not in feeds:
                 return Peer(name, label, skipped=f"OpenVINO renamed input '{n}' (inputs given: {sorted(feeds)})")
             arr = np.ascontiguousarray(feeds[n])
