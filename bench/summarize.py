@@ -842,7 +842,10 @@ def precision_section() -> list[str]:
         tol = d.get("tolerance")
         what = ("matched per model to OpenVINO default's own error on the same inputs (equal or better accuracy "
                 "by construction)" if tol == "openvino-default" else f"{tol} of the outputs' range")
-        out += [f"**Tolerance {what}** (`bench/results/{fname}`):", "",
+        avg = (d.get("machine") or {}).get("loadavg")
+        load_txt = (f" Load average when it ended (1/5/15 min): {', '.join(f'{x:.1f}' for x in avg)} on "
+                    f"{(d.get('machine') or {}).get('nproc', '?')} cores." if avg else "")
+        out += [f"**Tolerance {what}** (`bench/results/{fname}`).{load_txt}", "",
                 "| model | kept precision | tensorplan ms (error) | OpenVINO default ms (error) | speed-up over it | "
                 "accuracy ≥ it | ORT int8 ms (error) | OpenVINO int8 ms (error) | noisy |",
                 "|---|---|---|---|---|---|---|---|---|"]
