@@ -40,6 +40,8 @@ def _outputs(handle, feeds: list[dict], names: list[str]) -> list[dict]:
     """A peer's outputs (by the reference's output names, in order) on every feed: an ONNX Runtime
     session or an OpenVINO compiled model."""
     import numpy as np
+
+    from tensorplan.workflows.peers import openvino_input_name
     if hasattr(handle, "get_outputs") and hasattr(handle, "run"):       # onnxruntime.InferenceSession
         want = [o.name for o in handle.get_outputs()]
         ins = {i.name for i in handle.get_inputs()}
@@ -51,8 +53,7 @@ def _outputs(handle, feeds: list[dict], names: list[str]) -> list[dict]:
     outs = []                                                            # openvino.CompiledModel
     for f in feeds:
         req = handle.create_infer_request()
-        res = req.infer({k: f[next((n for n in sorted(p.get_names()) if n in f), p.get_any_name())]
-                         for k, p in enumerate(handle.inputs)})
+        res = req.infer({k: f[openvino_input_name(p, f)] for k, p in enumerate(handle.inputs)})
         by_name = {}
         for k, port in enumerate(handle.outputs):
             for n in port.get_names():

@@ -364,7 +364,9 @@ def _as_numpy(t: Any) -> np.ndarray:
 
 
 def _mismatch(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> str | None:
-    """Why `got` is not what `want` holds (outputs by name), or None when it is (within WRONG_RESULT)."""
+    """Why `got` is not what `want` holds (outputs by name), or None when it is (within WRONG_RESULT).
+    The normalised max error of `precision.accuracy.compare`, but NaN/inf allowed where the reference
+    has them: a kernel on random inputs may rightly produce them (Log, Div), which `compare` refuses."""
     for i, b in want.items():
         a = got.get(i)
         if a is None:

@@ -166,6 +166,13 @@ def openvino_default_precision() -> str:
     return _ov_precision(_core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
 
 
+def openvino_input_name(port: Any, feeds: dict) -> str:
+    """The name under which `feeds` holds OpenVINO input `port`: a port can carry several tensor names
+    (OpenVINO merges an input with a Reshape that only renames it, e.g. gpt2's input_ids and
+    /gpt2/Reshape_output_0), and `get_any_name()` may pick the one the caller never gave."""
+    return next((m for m in sorted(port.get_names()) if m in feeds), port.get_any_name())
+
+
 def _openvino_peer(name: str, label: str, model, feeds: dict[str, np.ndarray], config: dict,
                    ref: dict[str, np.ndarray]) -> Peer:
     """One OpenVINO compiled model on the CPU with `config` (`model`: ONNX bytes or an `openvino.Model`),
@@ -183,9 +190,7 @@ def _openvino_peer(name: str, label: str, model, feeds: dict[str, np.ndarray], c
         req = compiled.create_infer_request()
         keep = []
         for k, port in enumerate(compiled.inputs):
-            # an input port can carry several tensor names (OpenVINO merges an input with the Reshape that
-            # only renames it, e.g. gpt2's input_ids and /gpt2/Reshape_output_0): the one given counts
-            n = next((m for m in sorted(port.get_names()) if m in feeds), port.get_any_name())
+            n = openvino_input_name(port, feeds)
             if n not in feeds:
                 return Peer(name, label, skipped=f"OpenVINO renamed input '{n}' (inputs given: {sorted(feeds)})")
             arr = np.ascontiguousarray(feeds[n])
