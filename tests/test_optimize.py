@@ -85,8 +85,11 @@ def test_optimize_refuses_a_device_it_cannot_measure_on(tmp_path):
     import tensorplan as tp
     from tensorplan.errors import TensorplanError
 
-    with pytest.raises(TensorplanError, match="this CPU"):
+    # a GPU that is not this machine's: the message says where to run it and what works here
+    with pytest.raises(TensorplanError, match=r"not this machine's.*--device cuda.*--price-only"):
         tp.optimize("tiny-mlp", device="h100", budget_s=30, store=tmp_path / "s.sqlite")
+    with pytest.raises(TensorplanError, match="price a GPU's kernels"):
+        tp.optimize("tiny-mlp", device="local", budget_s=30, store=tmp_path / "s.sqlite", price_only=True)
 
 
 def test_cli_optimize_refuses_a_bad_budget_in_one_line(tmp_path):

@@ -25,7 +25,9 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., help=MODEL_HELP),
         out: Path = typer.Option(None, "-o", "--out", help="Directory for plan.json, the deployable model.onnx "
                                  "(when ONNX Runtime runs the whole plan) and report.html."),
-        device: str = typer.Option("local", help="This CPU: local (every usable core) or local-<N>t."),
+        device: str = typer.Option("local", help="This CPU: local (every usable core) or local-<N>t; this "
+                                   "machine's GPU: cuda (PyTorch builds the kernels; fp32). A catalog GPU (h100) "
+                                   "with --price-only."),
         budget: str = typer.Option("10m", "--budget", help="Time for the whole job, e.g. 90s, 10m, 1h: sizes the "
                                    "schedule sampling and stops measuring in time for the race and the check."),
         samples: int = typer.Option(None, "--samples", min=1, help="Schedules sampled per TIR kernel and ranked by "
@@ -58,6 +60,14 @@ def register(app: typer.Typer) -> None:
                                          "NAME.npy per input with a leading sample axis. Without it 8 random "
                                          "samples are drawn, with a warning: they measure numerical drift, not "
                                          "task accuracy."),
+        price_as: str = typer.Option(None, "--price-as", help="GPU only: the catalog GPU whose predictions price "
+                                     "the kernels (default: the one this GPU is, else h100, the shipped GPU "
+                                     "predictor's)."),
+        price_only: bool = typer.Option(False, "--price-only", help="GPU only: price every candidate into the "
+                                        "store (--device h100 works on any machine; needs TVM) and stop: a GPU "
+                                        "machine without TVM then plans from that store (docs/guides/gpu-checks.md)."),
+        store: Path = typer.Option(None, "--store", help="Measurement store (default: the project's); predictions "
+                                   "and timings are kept there, so a second run times nothing again."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (progress goes to stderr)."),
     ) -> None:
         """Model to verified plan in a budget: predicted costs, measured where they decide, race, report.
@@ -67,7 +77,10 @@ def register(app: typer.Typer) -> None:
         plan is checked against ONNX Runtime and timed against ONNX Runtime, OpenVINO and torch.compile.
         With --precision, the plan's heaviest kernels then try bf16, fp16 or int8 on OpenVINO, ONNX Runtime
         and PyTorch, keeping the fastest whose outputs stay within --tolerance of fp32 on the calibration
-        inputs; every variant is listed with its accuracy (docs/guides/precision.md)."""
+        inputs; every variant is listed with its accuracy (docs/guides/precision.md).
+
+        On a GPU (--device cuda) the shipped GPU predictor prices the candidates, PyTorch builds and times
+        the kernels that decide, the plan runs as one CUDA graph and is timed against torch.compile."""
         import tensorplan as tp
 
         from tensorplan.cli.common import one_line_errors
@@ -80,7 +93,7 @@ def register(app: typer.Typer) -> None:
                                input_shapes=parse_shapes(input_shape), opset=opset, threads=threads, race=race,
                                peers=peers, progress=True, log=lambda m: err.print(f"[dim]·[/] {m}"),
                                ray_address=ray_address, precision=Precision(precision).value, tolerance=tolerance,
-                               calibration=calibration)
+                               calibration=calibration, price_as=price_as, price_only=price_only, store=store)
         summ = OptimizeSummary.from_plan(plan)
         if as_json:
             print(json.dumps({**summ.to_dict(), "kernels": len(plan.kernels),
@@ -144,7 +157,7 @@ def _print(con: Console, plan, s) -> None:
             t.add_row("[bold yellow]warning[/]", w)
     t.add_row("measured", f"{s.measured} of {s.unique_kernels} unique kernels ({100 * s.measured_share:.1f}%), "
               f"{s.from_store} from the store; {s.draws} schedules sampled for {s.searched} TIR kernels (at most "
-              f"{s.samples} each), top {s.top_k} timed")
+              f"{s.samples} each)" + (f", top {s.top_k} timed" if s.top_k else ""))
     t.add_row("solves", f"{len(s.iterations)}, stopped: {s.stop}")
     t.add_row("time", f"{s.total_s:.1f}s of {s.budget_s:.0f}s: "
               + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in s.phases.items() if v >= 0.05))

@@ -62,6 +62,8 @@ class PredictedCost:
         return self.tuned.predicted(cand) is not None
 
     def kernel_info(self, prim: Graph, cand: "Candidate") -> dict:
+        if self.spec.kind == "gpu":     # on a GPU tensorplan runs PyTorch's kernels (`runtime.torch_runner`)
+            return {"backend": "torch-inductor", "schedule": {"device": "cuda"}}
         if self.by_tuned(cand):
             return self.tuned.kernel_info(prim, cand)
         return {"backend": PREDICTED_BACKEND.get(cand.kind, "ort"), "schedule": {}}
@@ -76,20 +78,27 @@ class LazyCost:
     `costs(prim, cands)` is what the solver sees now; `measure(prim, cands)` times candidates (the
     TVM ones with their `top_k` predicted-fastest schedules and the default, the fastest kept)
     through `MeasuredCost`, which caches them in the store; measured linear, opaque and region
-    kernels also refit the work model, so the unmeasured ones are re-predicted from them."""
+    kernels also refit the work model, so the unmeasured ones are re-predicted from them.
+
+    `measured`: another measuring cost model with `cached(prim, cand)` (e.g. `TorchDeviceCost` on
+    a GPU, whose kernels PyTorch builds): it times the candidates instead, and since it builds every
+    kernel the same way whatever the prediction, its `kernel_info` names what runs, timed or not."""
 
     name = "lazy"
     supports_regions = True
 
     def __init__(self, predicted: PredictedCost, top_k: int = 3, sample_budget_s: float | None = None,
-                 max_samples: int = 32, min_samples: int = 4):
-        from tensorplan.cost.measured import MeasuredCost
+                 max_samples: int = 32, min_samples: int = 4, measured: Any = None):
         self.predicted = predicted
         self.top_k = int(top_k)
         self.sample_budget_s = sample_budget_s
         self.max_samples, self.min_samples = int(max_samples), int(min_samples)
-        self.measured = MeasuredCost(store=predicted.store, device=predicted.spec, threads=predicted.threads,
-                                     tvm_schedules=self._schedules)
+        self.builds_all = measured is not None     # the measuring backend builds every kernel itself
+        if measured is None:
+            from tensorplan.cost.measured import MeasuredCost
+            measured = MeasuredCost(store=predicted.store, device=predicted.spec, threads=predicted.threads,
+                                    tvm_schedules=self._schedules)
+        self.measured = measured
         self._pred: dict[str, float] = {}       # canonical hash -> predicted seconds
         self._meas: dict[str, float] = {}       # canonical hash -> measured seconds
         self.stats = {"predicted": 0, "measured": 0, "from_store": 0}
@@ -203,7 +212,7 @@ class LazyCost:
             self.predicted.fitted.observe(prim, cand, seconds)
 
     def kernel_info(self, prim: Graph, cand: "Candidate") -> dict:
-        if cand.canonical_hash in self._meas:
+        if cand.canonical_hash in self._meas or self.builds_all:
             return self.measured.kernel_info(prim, cand)
         return self.predicted.kernel_info(prim, cand)
 

@@ -7,6 +7,10 @@ their real latencies. On CUDA a candidate is timed as a CUDA graph of `graph_cal
 calls (GPU time per call, without Python's launch cost, which a plan run as one CUDA graph does
 not pay either). On a CPU device the foundation's timer times plain calls.
 
+With a `store`, every timing (and every kernel that failed to build) is kept there, keyed by
+the candidate, the torch version and the device, so a second run, or a run cut short and started
+again, times nothing twice (`cached`: what `cost.lazy.LazyCost` looks up before it predicts).
+
 Compilation is the slow part (Inductor takes ~0.3-3 s per kernel); `jobs > 1` first builds
 the candidates in worker processes, which fills Inductor's on-disk caches, so the timing process
 then mostly loads compiled kernels. Costs are kept per canonical hash for the object's life
@@ -24,6 +28,8 @@ from tensorplan.ir.graph import Graph
 
 if TYPE_CHECKING:
     from tensorplan.korch.candidates import Candidate
+
+PROGRAM_KIND = "torch_kernel"     # the store's program kind of a candidate built by PyTorch
 
 
 def cuda_graph_timer(fn: Callable[[], Any], *, calls: int = 20, min_repeats: int = 5,
@@ -72,7 +78,8 @@ class TorchDeviceCost:
     races = False
 
     def __init__(self, device: str = "cuda", *, compile: bool = True, graph_calls: int = 20,
-                 budget_s: float = 0.05, jobs: int = 1, log: Callable[[str], None] | None = None):
+                 budget_s: float = 0.05, jobs: int = 1, log: Callable[[str], None] | None = None,
+                 store: Any = None):
         import torch
         self.device = torch.device(device)
         self.compile = bool(compile)
@@ -86,13 +93,38 @@ class TorchDeviceCost:
         self.time_s = 0.0
         self.warm_s = 0.0
         self._log = log or (lambda m: None)
+        self.cached_hits = 0
+        self.store, self.dev_key = None, ""
+        if store is not None:
+            from tensorplan import devices
+            from tensorplan.measure.store import Store
+            self.store = store if isinstance(store, Store) else Store(store)
+            spec = devices.device("cuda" if self.device.type == "cuda" else "local")
+            self.dev_key = self.store.put_device(spec)
 
     # -- KernelCost -------------------------------------------------------------------------
     def cost(self, prim: Graph, cand: "Candidate") -> float:
         return self.cost_many(prim, [cand])[0]
 
+    def cached(self, prim: Graph, cand: "Candidate") -> float | None:
+        """The candidate's timing from this object or the store (math.inf: it failed to build); None if never timed."""
+        h = cand.canonical_hash
+        if h in self.cache:
+            return self.cache[h]
+        if self.store is None:
+            return None
+        hit = self.store.get_measurement(self._prog_key(prim, cand), self.dev_key)
+        if hit is None:
+            return None
+        ex = hit.get("extra") or {}
+        self.cache[h] = math.inf if ex.get("failed") else float(hit["median_s"])
+        if ex.get("error"):
+            self.errors[h] = str(ex["error"])
+        self.cached_hits += 1
+        return self.cache[h]
+
     def cost_many(self, prim: Graph, cands, progress: bool = False) -> list[float]:
-        todo = [c for c in cands if c.canonical_hash not in self.cache]
+        todo = [c for c in cands if self.cached(prim, c) is None]
         if self.jobs > 1 and self.compile and len(todo) > self.jobs:
             self._warm(prim, todo)
         bar = None
@@ -105,6 +137,7 @@ class TorchDeviceCost:
         try:
             for c in todo:
                 self.cache[c.canonical_hash] = self._time(prim, c)
+                self._keep(prim, c)
                 if bar is not None:
                     bar.advance(task)
         finally:
@@ -118,11 +151,34 @@ class TorchDeviceCost:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "device": str(self.device), "graph_calls": self.graph_calls,
-                "kernels_timed": len(self.cache), "failed": len(self.errors),
+                "kernels_timed": len(self.cache) - self.cached_hits, "from_store": self.cached_hits,
+                "failed": len(self.errors), "store": str(self.store.path) if self.store is not None else None,
                 "warm_s": round(self.warm_s, 3), "compile_s": round(self.compile_s, 3),
                 "time_s": round(self.time_s, 3)}
 
     # -- internals --------------------------------------------------------------------------
+    def _prog_key(self, prim: Graph, c: "Candidate") -> str:
+        import torch
+        from tensorplan.cost import node_index
+        byname = node_index(prim)
+        return self.store.put_program(PROGRAM_KIND, {
+            "canonical_hash": c.canonical_hash, "kind": c.kind, "ops": [byname[n].op for n in c.nodes],
+            "backend": self.name, "torch": torch.__version__, "graph_calls": self.graph_calls})
+
+    def _keep(self, prim: Graph, c: "Candidate") -> None:
+        """The timing just taken, into the store (a failure too: it is not built again)."""
+        if self.store is None:
+            return
+        from tensorplan.measure.timer import Timing
+        sec = self.cache[c.canonical_hash]
+        extra = {"backend": self.name}
+        if c.canonical_hash in self.errors:
+            extra["error"] = self.errors[c.canonical_hash]
+        if not math.isfinite(sec):
+            extra["failed"] = True
+        t = Timing.from_repeats([sec if math.isfinite(sec) else 1e9], method=f"{self.name}:{self.device.type}")
+        self.store.put_measurement(self._prog_key(prim, c), self.dev_key, t, extra=extra)
+
     def _warm(self, prim: Graph, todo) -> None:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -174,4 +230,4 @@ class TorchDeviceCost:
         return max(float(sec), 1e-9)
 
 
-__all__ = ["TorchDeviceCost", "cuda_graph_timer"]
+__all__ = ["PROGRAM_KIND", "TorchDeviceCost", "cuda_graph_timer"]

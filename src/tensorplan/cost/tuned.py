@@ -127,11 +127,13 @@ def _ast_row(a, mod) -> tuple | None:
 
 
 def _search_round(prim: Graph, cand: Any, start: int, n_draws: int, threads: int, with_default: bool,
-                  seen: frozenset = frozenset()) -> dict:
+                  seen: frozenset = frozenset(), target: Any = None) -> dict:
     """Worker side (forked): lower the candidate, draw `n_draws` schedules from `start`,
     featurise them (and its default schedule in the first round). Plain, picklable results.
     A draw whose program equals one drawn before (structural hash in `seen`, or earlier in this
-    round) is counted but not featurised again: small kernels have few distinct programs."""
+    round) is counted but not featurised again: small kernels have few distinct programs.
+    `target` (a GPU's TVM target): draws from its CUDA design space; a GPU kernel has no
+    hand-written default schedule (its default is the first valid draw, `TunedCost._finish`)."""
     import tvm_ffi
     from tensorplan.cdmpp.features import featurize_many
     from tensorplan.kernels.lower import lower
@@ -146,7 +148,7 @@ def _search_round(prim: Graph, cand: Any, start: int, n_draws: int, threads: int
         return out
     t0 = time.perf_counter()
     mods, rows = [], []
-    if with_default:
+    if with_default and target is None:
         try:
             mods.append(default_schedule(lower(sub, list(cand.outputs)), threads=threads))
             rows.append(-1)
@@ -155,7 +157,7 @@ def _search_round(prim: Graph, cand: Any, start: int, n_draws: int, threads: int
     traces = {}
     try:
         low = lower(sub, list(cand.outputs), use_let=False)
-        space = design_space(low, threads)
+        space = design_space(low, threads, target=target)
         for i in range(start, start + n_draws):
             r = space.draw(i)
             if r is None:
@@ -200,11 +202,12 @@ class TunedCost:
     """Planner cost model (`tensorplan.cost.KernelCost` protocol): a memory kernel's predicted latency
     under its predicted-fastest schedule (module docstring).
 
-    `device`: the device domain to predict for ('local': this CPU); `store`: a `Store` or its path
+    `device`: the device domain to predict for ('local': this CPU; a GPU such as 'h100': its CUDA
+    programs, drawn from TVM's CUDA design space, no GPU needed); `store`: a `Store` or its path
     (default store); `threads`: the thread count kernels are scheduled for (default: the device's);
     `samples`: design-space draws per candidate at most (0: the default schedule only); `model`: an
     estimator or a predictor file (default: this CPU's calibration when `tensorplan calibrate` made
-    one, else the shipped CDMPP); `fallback`: the KernelCost of every other candidate; `workers`:
+    one, else the shipped CDMPP; on a GPU the shipped H100 model); `fallback`: the KernelCost of every other candidate; `workers`:
     forked sampling workers (default every usable core); `adaptive`: stop a candidate's search when
     a round of `ROUND` draws improves its best by no more than `STABLE_GAIN`."""
 
@@ -216,16 +219,21 @@ class TunedCost:
 
         from tensorplan import devices
         from tensorplan.cdmpp.model import SHIPPED_MODEL
-        from tensorplan.cdmpp.predict import local_model_path, resolve_device
+        from tensorplan.cdmpp.predict import SHIPPED_GPU_MODEL, local_model_path, resolve_device
         from tensorplan.measure.store import Store
         if samples < 0:
             raise TensorplanError(f"tuned cost: samples (design-space draws per kernel) must be >= 0, got {samples}")
         self.spec, self.device = resolve_device(device)
         self.threads = int(threads or devices.default_threads(self.spec))
         local = re.fullmatch(r"local-(\d+)t", self.device)
-        if model is None:
+        self.gpu = self.spec.kind == "gpu"
+        if model is None and self.gpu:
+            model = SHIPPED_GPU_MODEL        # trained on the H100's own CUDA programs
+        elif model is None:
             here = local_model_path(int(local.group(1))) if local else None
             model = here if here is not None and here.exists() else SHIPPED_MODEL
+        self._target: Any = None             # a GPU's TVM target, built at the first search (cached
+                                             # predictions need no TVM: a GPU machine without it reads them)
         self.model, self.model_id = model_identity(model)
         self.store = store if isinstance(store, Store) else Store(store)
         self.dev_key = self.store.put_device(self.spec)
@@ -320,7 +328,7 @@ class TunedCost:
         if p is None:
             return []
         top = p.ranked[:k]
-        if not any(r.index < 0 for r in top):
+        if not self.gpu and not any(r.index < 0 for r in top):
             top = top[:k - 1] + [RankedSchedule(dict(DEFAULT), p.default_s)]
         self.stats["top_handed_out"] += sum(1 for r in top if r.index >= 0)
         return [dict(r.schedule) for r in top]
@@ -342,16 +350,31 @@ class TunedCost:
 
     # -- internals ----------------------------------------------------------------------------
     def _payload(self, c: "Candidate") -> dict:
-        return {"canonical_hash": c.canonical_hash, "kind": c.kind, "samples": self.samples,
-                "adaptive": self.adaptive, "predictor": self.model_id, "domain": self.device,
-                "threads": self.threads, "version": TUNED_VERSION}
+        key = {"canonical_hash": c.canonical_hash, "kind": c.kind, "samples": self.samples,
+               "adaptive": self.adaptive, "predictor": self.model_id, "domain": self.device,
+               "threads": self.threads, "version": TUNED_VERSION}
+        # a GPU's programs do not depend on the host's threads: the key holds on any machine
+        return {**key, "threads": 0, "target": "cuda"} if self.gpu else key
+
+    def target(self) -> Any:
+        """The TVM target kernels are drawn for: None on a CPU (`kernels.sampled`'s own), the GPU's CUDA tag."""
+        if self.gpu and self._target is None:
+            try:
+                from tensorplan.cdmpp.predict import gpu_target
+                self._target = gpu_target(self.spec, self.device)
+            except ImportError as e:
+                raise TensorplanError(f"tuned cost: pricing kernels for '{self.device}' draws their CUDA schedules with "
+                                      f"TVM, which this machine lacks ({e}); price them where TVM is installed into "
+                                      "the same store (predictions are cached there), then plan here") from None
+        return self._target
 
     def _search(self, prim: Graph, searches: list[_Search], progress: bool) -> None:
         from tensorplan.forkmap import fork_map_iter
         from tensorplan.kernels.tvm_intrin import load_tensor_intrinsics
         from tensorplan.progress import progress_bar
+        target = self.target()
         load_tensor_intrinsics()          # once, in the parent: forked workers inherit it
-        budget = max(self.samples, 0)
+        budget = max(self.samples, 0) if not self.gpu else max(self.samples, 1)   # a GPU kernel needs one draw
         per_cand = 1 + budget             # the default, then every draw
         with progress_bar(f"ranking schedules of {len(searches)} kernels", len(searches) * per_cand,
                           progress) as advance:
@@ -362,8 +385,8 @@ class TunedCost:
                 round_t0 = time.perf_counter()
 
                 def job(a: int, b: int, n=n, start=start, first_round=first_round, active=active) -> list:
-                    return [_search_round(prim, s.cand, start, n, self.threads, first_round, frozenset(s.seen))
-                            for s in active[a:b]]
+                    return [_search_round(prim, s.cand, start, n, self.threads, first_round, frozenset(s.seen),
+                                          target) for s in active[a:b]]
                 results: list = [None] * len(active)
                 for a, res in fork_map_iter(job, len(active), workers=self.workers, chunk=4):
                     results[a:a + len(res)] = res
@@ -437,17 +460,20 @@ class TunedCost:
         from tensorplan.measure.timer import Timing
         rows = []
         for s in done:
+            if self.gpu and s.ranked:      # no hand-written GPU schedule: the default is TVM's first valid draw
+                s.default_s = min(s.ranked, key=lambda r: r.index).predicted_s
             ranked = sorted(s.ranked, key=lambda r: r.predicted_s)
             if not ranked and not math.isfinite(s.default_s):
                 s.lowerable = False
                 rows.append((s.prog_key, self.dev_key, Timing.from_repeats([1e9], method="predicted"), "",
                              {"fallback": True}))
                 continue
-            if math.isfinite(s.default_s):
+            cpu_default = math.isfinite(s.default_s) and not self.gpu
+            if cpu_default:
                 ranked.append(RankedSchedule(dict(DEFAULT), s.default_s))
                 ranked.sort(key=lambda r: r.predicted_s)
             keep = ranked[:KEEP]
-            if math.isfinite(s.default_s) and not any(r.index < 0 for r in keep):
+            if cpu_default and not any(r.index < 0 for r in keep):
                 keep[-1] = RankedSchedule(dict(DEFAULT), s.default_s)
             p = TunedPrediction(best_s=ranked[0].predicted_s, default_s=s.default_s, ranked=keep, draws=s.draws,
                                 sampled=s.sampled)

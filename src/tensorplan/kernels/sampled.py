@@ -121,11 +121,13 @@ def sample_schedules(lowered: Lowered, n: int, threads: int | None = None, seed:
     return out
 
 
-def design_space(lowered: Lowered, threads: int | None = None, seed: int = 0) -> DesignSpace:
-    """The design space of a kernel lowered with `use_let=False`, for this CPU at `threads`."""
+def design_space(lowered: Lowered, threads: int | None = None, seed: int = 0, target: Any = None) -> DesignSpace:
+    """The design space of a kernel lowered with `use_let=False`, for this CPU at `threads`, or for
+    `target` (a TVM target or its tag, e.g. 'nvidia/nvidia-h100': the GPU's CUDA programs)."""
     import tvm
-    return DesignSpace(tvm.IRModule({"main": lowered.func}), make_target(None, threads), key=f"sampled:{seed}",
-                       without_tiling_fallback=True)
+    tgt = make_target(None, threads) if target is None else \
+        target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    return DesignSpace(tvm.IRModule({"main": lowered.func}), tgt, key=f"sampled:{seed}", without_tiling_fallback=True)
 
 
 __all__ = ["SampledSchedule", "DesignSpace", "sample_schedules", "design_space", "draw_seed"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,8 +31,10 @@ from tensorplan import devices
 from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir.graph import Graph
 from tensorplan.runtime.plan import Plan
-from tensorplan.workflows.orchestrate import Problem, prepare, race_finalists, solve_problem
-from tensorplan.workflows.precision_search import FP32_RUNNER, PrecisionSearch
+from tensorplan.workflows.lazy_loop import Iteration, measure_what_decides
+from tensorplan.workflows.optimize_summary import OptimizeSummary
+from tensorplan.workflows.orchestrate import prepare, race_finalists, solve_problem
+from tensorplan.workflows.precision_search import FP32_RUNNER
 from tensorplan.workflows.precision_search import check_arguments as check_precision_arguments
 from tensorplan.zoo.specs import as_graph
 
@@ -41,91 +43,8 @@ MEASURE_UNTIL = 0.70     # of the budget: lazy measurement stops starting new ro
 MEASURE_UNTIL_PRECISION = 0.50   # the same when a reduced precision is searched after the race
 PRECISION_UNTIL = 0.85   # of the budget: the precision search stops trying new variants after this
 PRECISION_MIN_SHARE = 0.10       # ... but has at least this share of the budget after the race
-# the runner-up solution is timed only when its predicted objective is within this share of the
-# solution's: further away, no error of the predictor (plan-time median |rel. error| ~0.12, per
-# kernel ~0.2-0.3) could make it win, so timing it decides nothing
-RUNNER_UP_MARGIN = 0.25
-MAX_ITERATIONS = 30
 RACE_MIN_SHARE = 0.10      # of the budget left, or the race is skipped (the budget holds)
 INDUCTOR_MIN_SHARE = 0.25  # of the budget left, or the race leaves out the torch.compile finalist
-
-
-@dataclass
-class Iteration:
-    """One solve of the lazy-measurement loop."""
-
-    index: int
-    kernels: int               # in the solution
-    unmeasured: int            # of them priced by prediction only when solved
-    measured_now: int          # kernels compiled and timed after this solve (solution + runner-up)
-    objective_ms: float
-    solve_s: float
-    measure_s: float
-
-
-@dataclass
-class OptimizeSummary:
-    """What `optimize` did and found; kept in the plan as `stats["optimize"]`."""
-
-    model: str
-    device: str
-    budget_s: float
-    samples: int                       # at most this many schedules sampled per TIR kernel (plus its default)
-    draws: int                         # schedules sampled in this run (0 when the store had the predictions)
-    searched: int                      # TIR kernels whose schedules were sampled in this run
-    top_k: int                         # predicted-fastest schedules timed per chosen TIR kernel
-    candidates: int
-    unique_kernels: int                # what a fully measured orchestrate compiles and times
-    measured: int                      # of them compiled and timed in this run
-    from_store: int                    # of them measured by an earlier run (nothing timed now)
-    stop: str                          # "stable" | "budget" | "iterations"
-    iterations: list[Iteration] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=dict)
-    solo_sum_ms: float = 0.0           # the kept plan's kernels, timed (or predicted) alone, summed
-    predicted_plan_ms: float | None = None    # the plan-time model's prediction of the kept plan
-    plan_model_runs: int = 0                  # plans measured end to end it was fitted on
-    # race finalists: {name: {"kernels", "solo_sum_ms", "predicted_ms", "measured_ms"}}
-    finalists: dict[str, dict[str, float]] = field(default_factory=dict)
-    measured_plan_ms: float | None = None     # the kept plan run end to end (median)
-    max_rel_err: float | None = None   # against ONNX Runtime on the model as given
-    tolerance: float | None = None
-    reference: str = ""
-    peers_ms: dict[str, float] = field(default_factory=dict)
-    peer_notes: dict[str, str] = field(default_factory=dict)   # a peer's label, or why it did not run
-    timings: dict[str, Any] = field(default_factory=dict)      # workflows.peers.PeerTimings, as data
-    best_peer: str | None = None
-    speedup_over_best: float | None = None
-    noisy: str | None = None           # why the timing run is not to be trusted, or None
-    artifacts: dict[str, str] = field(default_factory=dict)
-    total_s: float = 0.0
-    precision: PrecisionSearch | None = None  # the reduced-precision search, when one ran
-
-    @property
-    def reduced(self) -> bool:
-        """Whether the kept plan runs kernels below fp32 (its check is then the accuracy tolerance)."""
-        return self.precision is not None and bool(self.precision.reduced)
-
-    @property
-    def measured_share(self) -> float:
-        """Share of the unique kernels compiled and timed now (the issue's "<= 10 %" figure)."""
-        return self.measured / max(self.unique_kernels, 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, precision=None))
-        d["precision"] = self.precision.to_dict() if self.precision is not None else None
-        d["measured_share"] = self.measured_share
-        return d
-
-    @classmethod
-    def from_plan(cls, plan: Plan) -> "OptimizeSummary":
-        d = dict(plan.stats.get("optimize") or {})
-        if not d:
-            raise PlanError("this plan was not made by `optimize` (no stats.optimize)")
-        d.pop("measured_share", None)
-        d["iterations"] = [Iteration(**it) for it in d.get("iterations") or []]
-        if d.get("precision") is not None:
-            d["precision"] = PrecisionSearch.from_dict(d["precision"])
-        return cls(**d)
 
 
 def parse_budget(text: str | float | int) -> float:
@@ -151,7 +70,8 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
              max_nodes: int = 8, max_reduces: int | None = 2, time_limit: float | None = None,
              feeds: dict[str, np.ndarray] | None = None, progress: bool = False,
              log: Callable[[str], None] | None = None, ray_address: str | None = None, precision: str = "fp32",
-             tolerance: float = 0.02, calibration: str | Path | None = None) -> Plan:
+             tolerance: float = 0.02, calibration: str | Path | None = None, price_as: str | None = None,
+             price_only: bool = False) -> Plan:
     """Plan `model` (a `Graph`, ONNX path, zoo name or PyTorch factory) on `device` within `budget_s`
     seconds (or '10m'); returns the verified plan, its summary in `plan.stats["optimize"]`
     (`OptimizeSummary.from_plan`).
@@ -174,7 +94,12 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
     `calibration`: a directory of inputs (one .npz per sample, or NAME.npy per input with a leading
     sample axis); without one, 8 random samples are drawn, with a warning (they measure numerical
     drift, not task accuracy). With a reduced precision the race, the check and the timing run on the
-    first calibration sample unless `feeds` is given."""
+    first calibration sample unless `feeds` is given.
+
+    On a GPU (`device` 'cuda', `workflows.optimize_gpu`) the shipped GPU predictor prices the
+    candidates (as `price_as`, default the catalog GPU this one is) and PyTorch builds and times the
+    kernels that decide; `price_only` with a catalog GPU ('h100') prices them into the store on any
+    machine, for a GPU machine without TVM to plan from. fp32 only, no regions, no race."""
     from tensorplan.cost.lazy import LazyCost, PredictedCost
     from tensorplan.ir.reference import random_feeds
 
@@ -200,6 +125,18 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
             _warn(f"calibration: {cal.warning}", log)
         say(f"calibration: {cal.source}")
     spec = devices.device(device)
+    if spec.kind == "gpu":
+        if precision != "fp32" or ray_address:
+            raise TensorplanError(f"optimize on a GPU ('{spec.name}') plans fp32 kernels on this machine only: "
+                                  "leave out --precision and --ray")
+        from tensorplan.workflows.optimize_gpu import optimize_gpu
+        return optimize_gpu(g, spec, budget_s=budget, t_start=t_start, phases=phases, store=store, samples=samples,
+                            max_nodes=max_nodes, max_reduces=max_reduces, time_limit=time_limit, feeds=feeds,
+                            peers=peers, opset=opset, out_dir=out_dir, price_as=price_as, price_only=price_only,
+                            progress=progress, say=say)
+    if price_only or price_as:
+        raise TensorplanError(f"--price-only and --price-as price a GPU's kernels; '{spec.name}' is a CPU, whose "
+                              "kernels optimize prices and times here")
     local = devices.is_local(spec)
     threads = int(threads or devices.default_threads(spec))
     if cal is not None:
@@ -240,7 +177,7 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
         say(f"plan-time model fitted on {n_runs} plans measured end to end on this device")
     solve_limit = float(time_limit or max(5.0, min(60.0, 0.05 * budget)))
     measure_until = MEASURE_UNTIL if cal is None else MEASURE_UNTIL_PRECISION
-    iterations, stop = _measure_what_decides(problem, lazy, plan_model, deadline=t_start + measure_until * budget,
+    iterations, stop = measure_what_decides(problem, lazy, plan_model, deadline=t_start + measure_until * budget,
                                              time_limit=solve_limit, progress=progress, say=say)
     phases["measure_s"] = sum(it.measure_s for it in iterations)
     phases["solve_s"] = sum(it.solve_s for it in iterations)
@@ -340,74 +277,6 @@ def _race_rounds(deadline: float) -> int:
     """Fewer race rounds when the budget is nearly spent (never fewer than 5)."""
     left = deadline - time.perf_counter()
     return 15 if left > 60 else 9 if left > 20 else 5
-
-
-def _measure_what_decides(p: Problem, lazy: Any, plan_model: Any, *, deadline: float, time_limit: float,
-                          progress: bool, say: Callable[[str], None]) -> tuple[list[Iteration], str]:
-    """Solve on the current costs (solo cost + what the plan-time model says the kernel costs inside a
-    plan); time the solution's unmeasured kernels (and the runner-up solution's, while at least half
-    the time is left); repeat until the solution is all measured, the deadline passes or
-    MAX_ITERATIONS solves. Returns (iterations, why it stopped)."""
-    from tensorplan.korch.blp import select
-
-    prim, cands = p.prim, p.cands
-    by_id = {c.id: c for c in cands}
-    iterations: list[Iteration] = []
-    previous: set[int] | None = None
-    started = time.perf_counter()
-    for index in range(MAX_ITERATIONS):
-        costs = np.array(lazy.cost_many(prim, cands), dtype=np.float64)
-        p.overhead = plan_model.overheads(prim, cands, costs, info=lazy.kernel_info)
-        objective = costs + p.overhead
-        t0 = time.perf_counter()
-        sel = select(prim, cands, objective, method="blp", recompute=True, cuts=True, time_limit=time_limit)
-        solve_s = time.perf_counter() - t0
-        chosen = [by_id[i] for i in sel.chosen]
-        todo = [c for c in chosen if not lazy.is_measured(c)]
-        stable = previous is not None and set(sel.chosen) == previous
-        it = Iteration(index=index, kernels=len(chosen), unmeasured=len(todo), measured_now=0,
-                       objective_ms=float(sel.objective_s) * 1e3, solve_s=solve_s, measure_s=0.0)
-        iterations.append(it)
-        if not todo:
-            say(f"solve {index + 1}: {len(chosen)} kernels, all measured ({sel.objective_s * 1e3:.3f} ms)")
-            return iterations, "stable"
-        now = time.perf_counter()
-        if now >= deadline:
-            say(f"solve {index + 1}: {len(todo)} of {len(chosen)} kernels still predicted: measurement budget spent")
-            return iterations, "budget"
-        batch = list(todo)
-        if deadline - now > 0.5 * (deadline - started) and not stable:
-            batch += _runner_up(prim, cands, objective, sel.chosen, lazy, time_limit,
-                                within_s=(1 + RUNNER_UP_MARGIN) * float(sel.objective_s))
-        t0 = time.perf_counter()
-        it.measured_now = lazy.measure(prim, batch, progress=progress, deadline=deadline)
-        lazy.repredict(prim, cands)
-        it.measure_s = time.perf_counter() - t0
-        say(f"solve {index + 1}: {len(chosen)} kernels, {len(todo)} predicted only -> timed {it.measured_now} "
-            f"({it.measure_s:.1f}s)")
-        previous = set(sel.chosen)
-    return iterations, "iterations"
-
-
-def _runner_up(prim: Graph, cands: list, objective: np.ndarray, chosen: list[int], lazy: Any,
-               time_limit: float, within_s: float = math.inf) -> list:
-    """The unmeasured kernels of the best solution that avoids the chosen fused kernels (singletons
-    stay allowed, so it always exists): the alternative a measurement could turn to. None when that
-    solution's predicted objective exceeds `within_s` (it cannot decide)."""
-    from tensorplan.korch.blp import select
-
-    alt = objective.copy()
-    pos = {c.id: k for k, c in enumerate(cands)}
-    for i in chosen:
-        if len(cands[pos[i]].nodes) > 1:
-            alt[pos[i]] = math.inf
-    try:
-        sel = select(prim, cands, alt, method="blp", recompute=True, cuts=True, time_limit=time_limit / 2)
-    except TensorplanError:
-        return []
-    if float(sel.objective_s) > within_s:
-        return []
-    return [cands[pos[i]] for i in sel.chosen if not lazy.is_measured(cands[pos[i]])]
 
 
 def _check_and_time(plan: Plan, summary: OptimizeSummary, feeds: dict[str, np.ndarray], threads: int, *,

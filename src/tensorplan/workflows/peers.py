@@ -291,7 +291,7 @@ def _flat_tensors(out) -> list[np.ndarray]:
     """A module's output (tensor, tuple/list, dict, or an object with `.logits`) as numpy arrays in order."""
     import torch
     if isinstance(out, torch.Tensor):
-        return [out.detach().numpy()]
+        return [out.detach().float().cpu().numpy() if out.dtype.is_floating_point else out.detach().cpu().numpy()]
     if isinstance(out, (tuple, list)):
         return [a for o in out for a in _flat_tensors(o)]
     if isinstance(out, dict):
@@ -302,37 +302,45 @@ def _flat_tensors(out) -> list[np.ndarray]:
 
 
 def torch_compile_peer(graph: Graph, opset: int, args: list[np.ndarray], ref: dict[str, np.ndarray] | None,
-                       log=None) -> Peer:
+                       log=None, *, device: str = "cpu", mode: str | None = None) -> Peer:
     """`torch.compile` of the module behind `graph` (zoo models and PyTorch factories have one) on
     `args`, the values ONNX Runtime gets; skipped with why for an ONNX file or when it fails. Its
-    outputs are checked against `ref` (ONNX Runtime's, by name) unless that is None."""
+    outputs are checked against `ref` (ONNX Runtime's, by name) unless that is None. `device`: where
+    the module and its inputs live ('cuda': each run ends with a synchronize, so a timing is the
+    GPU's); `mode`: torch.compile's mode ('reduce-overhead' replays CUDA graphs), named in the peer."""
     from tensorplan.zoo.specs import torch_source
 
-    label = "torch.compile"
+    name = TORCH_COMPILE if mode is None else f"{TORCH_COMPILE}-{mode}"
+    label = "torch.compile" if mode is None else f"torch.compile (mode={mode})"
     src = torch_source(graph, opset)
     if src is None:
-        return Peer(TORCH_COMPILE, label, skipped=("no PyTorch module behind an ONNX file" if graph.source else
-                                                   "no PyTorch module behind a graph built in memory"))
+        return Peer(name, label, skipped=("no PyTorch module behind an ONNX file" if graph.source else
+                                          "no PyTorch module behind a graph built in memory"))
     import torch
 
-    module = src[0].eval()
-    targs = [torch.from_numpy(np.ascontiguousarray(a)) for a in args]
+    module = src[0].eval().to(device)
+    targs = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in args]
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     try:
-        cm = torch.compile(module)
+        cm = torch.compile(module) if mode is None else torch.compile(module, mode=mode)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = cm(*targs)
+            for _ in range(1 if mode is None else 3):     # CUDA graphs are recorded on a later call
+                out = cm(*targs)
+        sync()
         compile_s = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - a baseline that does not compile is reported, not fatal
-        return Peer(TORCH_COMPILE, label, skipped=f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}")
+        return Peer(name, label, skipped=f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}")
     if log:
-        log(f"torch.compile: compiled in {compile_s:.1f} s")
+        log(f"{label}: compiled in {compile_s:.1f} s")
     err, note = _compare(_flat_tensors(out), list(ref.values())) if ref is not None else (None, "not compared")
 
     def run():
         with torch.inference_mode():
-            return cm(*targs)
-    return Peer(TORCH_COMPILE, label, "fp32", runner=run, build_s=compile_s, max_rel_error=err, error_note=note,
+            r = cm(*targs)
+        sync()
+        return r
+    return Peer(name, label, "fp32", runner=run, build_s=compile_s, max_rel_error=err, error_note=note,
                 handle=cm)
 
 
