@@ -64,11 +64,13 @@ def optimize_gpu(g: Graph, spec: Any, *, budget_s: float, t_start: float, phases
                  time_limit: float | None = None, feeds: dict[str, np.ndarray] | None = None, peers: bool = True,
                  opset: int = 17, out_dir: str | Path | None = None, price_as: str | None = None,
                  price_only: bool = False, torch_device: str | None = None, compile: bool = True,
-                 progress: bool = False, say: Callable[[str], None] = lambda m: None) -> Plan:
+                 jobs: int | None = None, progress: bool = False, say: Callable[[str], None] = lambda m: None) -> Plan:
     """`workflows.optimize.optimize` for a GPU `spec` (module docstring). `price_only`: price every
     candidate into the store and return the plan solved on predictions alone (no GPU needed, nothing
     timed or checked). `torch_device`: where kernels are built and timed (default 'cuda'; 'cpu' runs
-    the same loop with PyTorch's CPU kernels, a dry run of the GPU path on a machine without one)."""
+    the same loop with PyTorch's CPU kernels, a dry run of the GPU path on a machine without one).
+    `jobs`: processes that compile a round's kernels in parallel before they are timed one by one
+    (default: every usable core but two, at most 12, on a GPU; 1 on a CPU, whose cores time them)."""
     from tensorplan.cost.lazy import LazyCost, PredictedCost
     from tensorplan.measure.store import Store
 
@@ -88,7 +90,9 @@ def optimize_gpu(g: Graph, spec: Any, *, budget_s: float, t_start: float, phases
         from tensorplan.cost.torch_device import TorchDeviceCost
         tdev = torch_device or "cuda"
         _fp32_only(tdev)
-        cm = LazyCost(predicted, measured=TorchDeviceCost(tdev, compile=compile, store=st, log=say))
+        if jobs is None:
+            jobs = max(1, min(12, devices.usable_cores() - 2)) if tdev.startswith("cuda") else 1
+        cm = LazyCost(predicted, measured=TorchDeviceCost(tdev, compile=compile, store=st, log=say, jobs=int(jobs)))
     threads = devices.usable_cores()
     problem = prepare(g, spec, cm, timing={"load_s": phases.get("load_s", 0.0)}, threads=threads, rewrite=True,
                       winograd=False, max_nodes=max_nodes, max_reduces=max_reduces, linear_epilogue=False,
