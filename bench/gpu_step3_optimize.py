@@ -156,7 +156,7 @@ def _child(how: str, model: str, work: Path, device: str, jobs: int, store: Path
 def bench_model(name: str, work: Path, device: str, jobs: int, rounds: int, budget_s: float, pricing: dict) -> dict:
     import torch
 
-    from tensorplan import zoo
+    import korch_gpu
     from tensorplan.ir.reference import rel_error
     from tensorplan.measure.timer import interleaved
     from tensorplan.runtime.plan import Plan
@@ -178,21 +178,9 @@ def bench_model(name: str, work: Path, device: str, jobs: int, rounds: int, budg
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    entry = zoo.get_entry(name)
-    inputs = zoo.example_inputs(name)
-    feeds = {k: v.numpy() for k, v in zip(entry.input_shapes, inputs)}
-    import onnxruntime as ort
-    sess = ort.InferenceSession(str(zoo.export(name)), providers=["CPUExecutionProvider"])
-    ref = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
-    module, _ = zoo.build_torch(name)
-    module = module.to(device).eval()
-    dev_inputs = tuple(x.to(device) for x in inputs)
+    feeds, ref, module, dev_inputs = korch_gpu.zoo_setup(name, device)
+    first = korch_gpu.first_output
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def first(out):
-        o = out[0] if isinstance(out, (tuple, list)) else (next(iter(out.values())) if isinstance(out, dict) else out)
-        o = getattr(o, "logits", o)
-        return o.detach().float().cpu().numpy()
 
     runners, errors = {}, {}
     with torch.inference_mode():

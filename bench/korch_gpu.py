@@ -94,6 +94,28 @@ def load_costs(folder: str | Path | None, name: str, gpu: str | None) -> dict[st
     return {k: float(v) for k, v in doc["costs"].items()}
 
 
+def zoo_setup(name: str, dev: str) -> tuple[dict, list, object, tuple]:
+    """A zoo model's inputs as numpy feeds, ONNX Runtime's outputs on them (CPU, the reference every
+    system is checked against), its PyTorch module in eval mode on `dev` and the inputs there."""
+    import onnxruntime as ort
+
+    from tensorplan import zoo
+    entry = zoo.get_entry(name)
+    inputs = zoo.example_inputs(name)
+    feeds = {k: v.numpy() for k, v in zip(entry.input_shapes, inputs)}
+    sess = ort.InferenceSession(str(zoo.export(name)), providers=["CPUExecutionProvider"])
+    ref = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+    module, _ = zoo.build_torch(name)
+    return feeds, ref, module.to(dev).eval(), tuple(x.to(dev) for x in inputs)
+
+
+def first_output(out):
+    """A module's first output (tensor, tuple/list, dict, or `.logits`) as a float32 numpy array."""
+    o = out[0] if isinstance(out, (tuple, list)) else (next(iter(out.values())) if isinstance(out, dict) else out)
+    o = getattr(o, "logits", o)
+    return o.detach().float().cpu().numpy()
+
+
 def bench_model(name: str, args, peaks: dict) -> dict:
     import torch
 
@@ -129,20 +151,8 @@ def bench_model(name: str, args, peaks: dict) -> dict:
     res["enumeration"] = plans["tensorplan"].stats["enumeration"]
     plans["tensorplan"].save(Path(args.out).with_name(f"korch_gpu_{name}.plan.json"))
 
-    entry = zoo.get_entry(name)
-    inputs = zoo.example_inputs(name)
-    feeds_np = {k: v.numpy() for k, v in zip(entry.input_shapes, inputs)}
-    import onnxruntime as ort
-    sess = ort.InferenceSession(str(zoo.export(name)), providers=["CPUExecutionProvider"])
-    ref = sess.run(None, {i.name: feeds_np[i.name] for i in sess.get_inputs()})
-
-    module, _ = zoo.build_torch(name)
-    module = module.to(dev).eval()
-    dev_inputs = tuple(x.to(dev) for x in inputs)
-
-    def first(out):
-        o = out[0] if isinstance(out, (tuple, list)) else (next(iter(out.values())) if isinstance(out, dict) else out)
-        return o.detach().float().cpu().numpy()
+    feeds_np, ref, module, dev_inputs = zoo_setup(name, dev)
+    first = first_output
 
     runners, errors, build = {}, {}, {}
     with torch.inference_mode():

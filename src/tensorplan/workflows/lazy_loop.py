@@ -15,7 +15,7 @@ import numpy as np
 
 from tensorplan.errors import TensorplanError
 from tensorplan.ir.graph import Graph
-from tensorplan.workflows.orchestrate import Problem
+from tensorplan.workflows.orchestrate import Problem, prepare
 
 # the runner-up solution is timed only when its predicted objective is within this share of the
 # solution's: further away, no error of the predictor (plan-time median |rel. error| ~0.12, per
@@ -35,6 +35,19 @@ class Iteration:
     objective_ms: float
     solve_s: float
     measure_s: float
+
+
+def priced_problem(g: Graph, spec: Any, cm: Any, *, phases: dict[str, float], threads: int, max_nodes: int,
+                   max_reduces: int | None, regions: bool, progress: bool, say: Callable[[str], None]) -> Problem:
+    """Rewrites, fission, candidates, every one priced by `cm` (the lazy cost model: predictions and
+    what the store measured before), with optimize's settings; the phases' seconds go into `phases`."""
+    problem = prepare(g, spec, cm, timing={"load_s": phases.get("load_s", 0.0)}, threads=threads, rewrite=True,
+                      winograd=False, max_nodes=max_nodes, max_reduces=max_reduces, linear_epilogue=False,
+                      regions=regions, region_segments=8, method="blp", progress=progress, say=say)
+    for k in ("rewrite_s", "fission_s", "enumerate_s"):
+        phases[k] = problem.timing.get(k, 0.0)
+    phases["predict_s"] = problem.timing.get("profile_s", 0.0)
+    return problem
 
 
 def measure_what_decides(p: Problem, lazy: Any, plan_model: Any, *, deadline: float, time_limit: float,
@@ -105,4 +118,4 @@ def runner_up(prim: Graph, cands: list, objective: np.ndarray, chosen: list[int]
     return [cands[pos[i]] for i in sel.chosen if not lazy.is_measured(cands[pos[i]])]
 
 
-__all__ = ["Iteration", "MAX_ITERATIONS", "RUNNER_UP_MARGIN", "measure_what_decides", "runner_up"]
+__all__ = ["Iteration", "MAX_ITERATIONS", "RUNNER_UP_MARGIN", "measure_what_decides", "priced_problem", "runner_up"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,9 +30,9 @@ from tensorplan import devices
 from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir.graph import Graph
 from tensorplan.runtime.plan import Plan
-from tensorplan.workflows.lazy_loop import Iteration, measure_what_decides
+from tensorplan.workflows.lazy_loop import Iteration, measure_what_decides, priced_problem
 from tensorplan.workflows.optimize_summary import OptimizeSummary
-from tensorplan.workflows.orchestrate import prepare, race_finalists, solve_problem
+from tensorplan.workflows.orchestrate import race_finalists, solve_problem
 from tensorplan.workflows.precision_search import FP32_RUNNER
 from tensorplan.workflows.precision_search import check_arguments as check_precision_arguments
 from tensorplan.zoo.specs import as_graph
@@ -156,12 +155,8 @@ def optimize(model: str | Path | Graph, *, device: Any = "local", budget_s: floa
         raise TensorplanError(f"optimize measures the kernels that decide on this machine, so the device must be "
                               f"this CPU ('local', 'local-<N>t'), not '{getattr(spec, 'name', device)}'; "
                               "`tensorplan orchestrate --cost predicted` plans another device from predictions only")
-    problem = prepare(g, spec, lazy, timing={"load_s": phases["load_s"]}, threads=threads, rewrite=True,
-                      winograd=False, max_nodes=max_nodes, max_reduces=max_reduces, linear_epilogue=False,
-                      regions=regions, region_segments=8, method="blp", progress=progress, say=say)
-    for k in ("rewrite_s", "fission_s", "enumerate_s"):
-        phases[k] = problem.timing.get(k, 0.0)
-    phases["predict_s"] = problem.timing.get("profile_s", 0.0)
+    problem = priced_problem(g, spec, lazy, phases=phases, threads=threads, max_nodes=max_nodes,
+                             max_reduces=max_reduces, regions=regions, progress=progress, say=say)
     cands = problem.cands
     uniq = {c.canonical_hash for c in cands}
     tst = predicted.tuned.stats
@@ -332,22 +327,9 @@ def _check_and_time(plan: Plan, summary: OptimizeSummary, feeds: dict[str, np.nd
     mine.precision, mine.max_rel_error = "+".join(sorted(plan.precisions())), summary.max_rel_err
     if FP32_RUNNER in timings.runners:
         timings.runners[FP32_RUNNER].precision = "fp32"
-    summary.timings = asdict(timings)
-    summary.measured_plan_ms = timings.runners["tensorplan"].median_ms
-    summary.peers_ms = {n: t.median_ms for n, t in timings.runners.items() if t.peer}
-    summary.peer_notes = {**{p.name: p.label for p in found if p.skipped is None and p.label != p.name},
-                          **timings.skipped}
-    summary.noisy = timings.noise_reason
-    summary.best_peer = timings.best_peer()
-    if summary.best_peer is not None:
-        summary.speedup_over_best = timings.speedup_over_best("tensorplan")
+    summary.take_timings(timings, found)
     summary.phases["peers_s"] = time.perf_counter() - t0
-    fp32_ms = {k: timings.runners[k].median_ms for k in extra}
-    say("timed, interleaved: " + ", ".join(f"{k} {v:.3f} ms" for k, v in
-                                           {"tensorplan": summary.measured_plan_ms, **fp32_ms,
-                                            **summary.peers_ms}.items())
-        + (f" -> {summary.speedup_over_best:.2f}x over {summary.best_peer}" if summary.best_peer else "")
-        + (f" (noisy run: {summary.noisy})" if summary.noisy else ""))
+    say(summary.timed_line({k: timings.runners[k].median_ms for k in extra}))
 
 
 def _write(plan: Plan, out: Path, *, threads: int, say: Callable[[str], None]) -> dict[str, str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,9 +30,9 @@ from tensorplan import devices
 from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir.graph import Graph
 from tensorplan.runtime.plan import Plan
-from tensorplan.workflows.lazy_loop import measure_what_decides
+from tensorplan.workflows.lazy_loop import measure_what_decides, priced_problem
 from tensorplan.workflows.optimize_summary import OptimizeSummary
-from tensorplan.workflows.orchestrate import prepare, solve_problem
+from tensorplan.workflows.orchestrate import solve_problem
 
 GPU_SAMPLES = 16          # CUDA schedules drawn per memory kernel (the search stops earlier when stable)
 MEASURE_UNTIL = 0.70      # of the budget: no measuring round starts after this
@@ -94,12 +93,8 @@ def optimize_gpu(g: Graph, spec: Any, *, budget_s: float, t_start: float, phases
             jobs = max(1, min(12, devices.usable_cores() - 2)) if tdev.startswith("cuda") else 1
         cm = LazyCost(predicted, measured=TorchDeviceCost(tdev, compile=compile, store=st, log=say, jobs=int(jobs)))
     threads = devices.usable_cores()
-    problem = prepare(g, spec, cm, timing={"load_s": phases.get("load_s", 0.0)}, threads=threads, rewrite=True,
-                      winograd=False, max_nodes=max_nodes, max_reduces=max_reduces, linear_epilogue=False,
-                      regions=False, region_segments=8, method="blp", progress=progress, say=say)
-    for k in ("rewrite_s", "fission_s", "enumerate_s"):
-        phases[k] = problem.timing.get(k, 0.0)
-    phases["predict_s"] = problem.timing.get("profile_s", 0.0)
+    problem = priced_problem(g, spec, cm, phases=phases, threads=threads, max_nodes=max_nodes,
+                             max_reduces=max_reduces, regions=False, progress=progress, say=say)
     cands = problem.cands
     uniq = {c.canonical_hash for c in cands}
     tst = predicted.tuned.stats
@@ -229,20 +224,9 @@ def _check_and_time(plan: Plan, prim: Graph, summary: OptimizeSummary, feeds: di
                                                                               if runner.use_graph else "")})
     mine = timings.runners["tensorplan"]
     mine.precision, mine.max_rel_error = "fp32", summary.max_rel_err
-    summary.timings = asdict(timings)
-    summary.measured_plan_ms = mine.median_ms
-    summary.peers_ms = {n: t.median_ms for n, t in timings.runners.items() if t.peer}
-    summary.peer_notes = {**{p.name: p.label for p in found if p.skipped is None and p.label != p.name},
-                          **timings.skipped}
-    summary.noisy = timings.noise_reason
-    summary.best_peer = timings.best_peer()
-    if summary.best_peer is not None:
-        summary.speedup_over_best = timings.speedup_over_best("tensorplan")
+    summary.take_timings(timings, found)
     summary.phases["peers_s"] = time.perf_counter() - t0
-    say("timed, interleaved: " + ", ".join(f"{k} {v:.3f} ms" for k, v in
-                                           {"tensorplan": summary.measured_plan_ms, **summary.peers_ms}.items())
-        + (f" -> {summary.speedup_over_best:.2f}x over {summary.best_peer}" if summary.best_peer else "")
-        + (f" (noisy run: {summary.noisy})" if summary.noisy else ""))
+    say(summary.timed_line())
 
 
 __all__ = ["GPU_SAMPLES", "PRICE_AS", "optimize_gpu", "pricing_device"]

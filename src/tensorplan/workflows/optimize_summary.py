@@ -67,6 +67,27 @@ class OptimizeSummary:
         d["measured_share"] = self.measured_share
         return d
 
+    def take_timings(self, timings: Any, found: list) -> None:
+        """Keep an interleaved timing run (`workflows.peers.PeerTimings`, the plan as runner
+        "tensorplan") and the peers it timed (`found`): medians, labels, noise, the best fp32 peer."""
+        self.timings = asdict(timings)
+        self.measured_plan_ms = timings.runners["tensorplan"].median_ms
+        self.peers_ms = {n: t.median_ms for n, t in timings.runners.items() if t.peer}
+        self.peer_notes = {**{p.name: p.label for p in found if p.skipped is None and p.label != p.name},
+                           **timings.skipped}
+        self.noisy = timings.noise_reason
+        self.best_peer = timings.best_peer()
+        if self.best_peer is not None:
+            self.speedup_over_best = timings.speedup_over_best("tensorplan")
+
+    def timed_line(self, extra_ms: dict[str, float] | None = None) -> str:
+        """One log line: the plan, `extra_ms` and the peers, the speed-up, the noise."""
+        return ("timed, interleaved: " + ", ".join(f"{k} {v:.3f} ms" for k, v in
+                                                   {"tensorplan": self.measured_plan_ms, **(extra_ms or {}),
+                                                    **self.peers_ms}.items())
+                + (f" -> {self.speedup_over_best:.2f}x over {self.best_peer}" if self.best_peer else "")
+                + (f" (noisy run: {self.noisy})" if self.noisy else ""))
+
     @classmethod
     def from_plan(cls, plan: Plan) -> "OptimizeSummary":
         d = dict(plan.stats.get("optimize") or {})
