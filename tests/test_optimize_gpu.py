@@ -166,3 +166,19 @@ def test_optimize_on_the_gpu(tmp_path):
     assert opt["stop"] == "stable" and opt["max_rel_err"] <= opt["tolerance"]
     assert opt["measured_plan_ms"] > 0 and "torch.compile" in opt["peers_ms"]
     assert (tmp_path / "o" / "plan.json").exists()
+
+
+def test_cli_price_only_prints_the_predicted_plan_and_the_gpu_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from tensorplan.cli import app
+
+    store = tmp_path / "s.sqlite"
+    r = CliRunner().invoke(app, ["optimize", "tiny-cnn", "--device", "h100", "--price-only", "--store", str(store),
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output[r.output.index("{"):])
+    assert d["stop"] == "price-only" and d["device"] == "h100-sxm" and d["measured"] == 0
+    assert d["backends"] == {"torch-inductor": d["kernels"]} and d["solo_sum_ms"] > 0
+    r = CliRunner().invoke(app, ["optimize", "tiny-cnn", "--device", "h100", "--price-only", "--store", str(store)])
+    assert r.exit_code == 0 and "--price-as" in r.output and "│ predicted" in r.output   # the command for the GPU

@@ -119,6 +119,10 @@ def _print(con: Console, plan, s) -> None:
         t.add_row("latency", f"{s.measured_plan_ms:.3f} ms measured end to end; kernels alone sum to "
                   f"{s.solo_sum_ms:.3f} ms" + (" at fp32" if s.reduced else "") + (f"; plan model predicts {s.predicted_plan_ms:.3f} ms"
                                                if s.predicted_plan_ms is not None else ""))
+    if s.stop == "price-only":
+        t.add_row("predicted", f"{s.solo_sum_ms:.3f} ms, the kernels' predicted times summed (nothing timed, not "
+                  f"checked); on the GPU: tensorplan optimize {s.model} --device cuda --price-as {s.device} "
+                  "--store <this store>")
     if s.peers_ms:
         runs = (s.timings or {}).get("runners") or {}
 
