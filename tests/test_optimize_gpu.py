@@ -182,3 +182,29 @@ def test_cli_price_only_prints_the_predicted_plan_and_the_gpu_command(tmp_path):
     assert d["backends"] == {"torch-inductor": d["kernels"]} and d["solo_sum_ms"] > 0
     r = CliRunner().invoke(app, ["optimize", "tiny-cnn", "--device", "h100", "--price-only", "--store", str(store)])
     assert r.exit_code == 0 and "--price-as" in r.output and "│ predicted" in r.output   # the command for the GPU
+
+
+def test_lazy_cost_rescales_cdmpp_prices_to_the_kernels_another_backend_times(tmp_path):
+    from tensorplan.cost.lazy import SCALE_PRIOR_POINTS, LazyCost, PredictedCost
+    from tensorplan.cost.torch_device import TorchDeviceCost
+    from tensorplan.korch.candidates import enumerate_candidates
+    from tensorplan.korch.fission import fission
+    from tensorplan.zoo.specs import as_graph
+
+    prim = fission(as_graph("tiny-cnn", None, 17)).graph
+    cands = enumerate_candidates(prim, max_nodes=4)
+    pc = PredictedCost(device="h100", store=tmp_path / "s.sqlite", samples=4)
+    lazy = LazyCost(pc, measured=TorchDeviceCost("cpu", compile=False, budget_s=0.01))
+    lazy.predict_all(prim, cands)
+    mem = [c for c in {c.canonical_hash: c for c in cands}.values() if pc.by_tuned(c)]
+    assert len(mem) >= 4 and lazy.tuned_scale == 1.0
+    timed, rest = mem[:3], mem[3:]
+    lazy.measure(prim, timed)
+    lazy.repredict(prim, cands)
+    logs = sorted(math.log(lazy.measured_s(c) / lazy.predicted_s(c)) for c in timed)
+    want = math.exp(logs[1] * 3 / (3 + SCALE_PRIOR_POINTS))      # the median of three, shrunk toward 1
+    assert lazy.tuned_scale == pytest.approx(want) and lazy.tuned_scale != 1.0
+    c = rest[0]
+    assert lazy.cost(prim, c) == pytest.approx(lazy.predicted_s(c) * want)     # unmeasured: the scaled price
+    assert lazy.cost(prim, timed[0]) == lazy.measured_s(timed[0])             # measured: its timing
+    assert lazy.describe()["tuned_scale_points"] == 3

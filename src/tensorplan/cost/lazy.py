@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import time
+
+import numpy as np
 from typing import TYPE_CHECKING, Any
 
 from tensorplan.ir.graph import Graph
@@ -22,6 +24,11 @@ if TYPE_CHECKING:
 # its trace ~2 ms, compact AST ~5 ms; candy's 4,976 draws took 76 s cold on the loaded 2-core dev VM)
 SAMPLE_S = 0.015
 MEASURE_CHUNK = 16      # kernels timed between two looks at the deadline
+# when the measuring backend builds kernels other than the ones priced (PyTorch on a GPU vs TVM's CUDA
+# programs), CDMPP's prices are scaled by measured / predicted over the kernels timed so far, its log
+# median shrunk toward 1 as if this many points said 1 (research/cdmpp/cdmpp_gpu_prices_inductor.py:
+# on an H100, Inductor's kernels ran 4-7x below CDMPP's prices; one scale leaves 1.4-2.4x median error)
+SCALE_PRIOR_POINTS = 4
 
 # the backend a kernel runs on when nothing was measured for it (the measured default per kind)
 PREDICTED_BACKEND = {"memory": "tvm", "linear": "ort", "opaque": "ort", "region": "ort"}
@@ -82,7 +89,9 @@ class LazyCost:
 
     `measured`: another measuring cost model with `cached(prim, cand)` (e.g. `TorchDeviceCost` on
     a GPU, whose kernels PyTorch builds): it times the candidates instead, and since it builds every
-    kernel the same way whatever the prediction, its `kernel_info` names what runs, timed or not."""
+    kernel the same way whatever the prediction, its `kernel_info` names what runs, timed or not.
+    Its kernels are not the programs CDMPP priced, so CDMPP's prices are rescaled by what the timed
+    ones measured (`tuned_scale`, refitted after every round)."""
 
     name = "lazy"
     supports_regions = True
@@ -101,6 +110,8 @@ class LazyCost:
         self.measured = measured
         self._pred: dict[str, float] = {}       # canonical hash -> predicted seconds
         self._meas: dict[str, float] = {}       # canonical hash -> measured seconds
+        self.tuned_scale = 1.0                   # measured / CDMPP-predicted (only with another `measured`)
+        self._tuned_scale_points = 0
         self.stats = {"predicted": 0, "measured": 0, "from_store": 0}
 
     @property
@@ -145,7 +156,9 @@ class LazyCost:
         tuned.samples = max(self.min_samples, min(self.max_samples, n))
 
     def repredict(self, prim: Graph, cands: list["Candidate"]) -> None:
-        """Refit the work model on what was measured and re-price the candidates it prices."""
+        """Refit the work model on what was measured and re-price the candidates it prices (and, when
+        another backend builds the kernels, rescale CDMPP's prices to its measurements)."""
+        self._fit_tuned_scale(cands)
         fitted = self.predicted.fitted
         fitted.refit()
         rest = [c for c in _unique(cands) if c.canonical_hash not in self._meas and not self.predicted.by_tuned(c)]
@@ -153,12 +166,28 @@ class LazyCost:
             for c, v in zip(rest, fitted.cost_many(prim, rest)):
                 self._pred[c.canonical_hash] = float(v)
 
+    def _fit_tuned_scale(self, cands: list["Candidate"]) -> None:
+        if not self.builds_all:
+            return
+        logs = []
+        for c in _unique(cands):
+            h = c.canonical_hash
+            m, p = self._meas.get(h), self._pred.get(h)
+            if m is not None and p is not None and 0 < m < math.inf and 0 < p < math.inf and self.predicted.by_tuned(c):
+                logs.append(math.log(m / p))
+        if logs:
+            n = len(logs)
+            self.tuned_scale = math.exp(float(np.median(logs)) * n / (n + SCALE_PRIOR_POINTS))
+            self._tuned_scale_points = n
+
     def cost(self, prim: Graph, cand: "Candidate") -> float:
         h = cand.canonical_hash
         if h in self._meas:
             return self._meas[h]
         if h not in self._pred:
             self.predict_all(prim, [cand])
+        if self.builds_all and self.predicted.by_tuned(cand):
+            return self._pred[h] * self.tuned_scale
         return self._pred[h]
 
     def cost_many(self, prim: Graph, cands: list["Candidate"], progress: bool = False) -> list[float]:
@@ -217,7 +246,8 @@ class LazyCost:
         return self.predicted.kernel_info(prim, cand)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "top_k": self.top_k, **self.stats, "predicted_by": self.predicted.describe(),
+        scale = {"tuned_scale": self.tuned_scale, "tuned_scale_points": self._tuned_scale_points} if self.builds_all else {}
+        return {"name": self.name, "top_k": self.top_k, **self.stats, **scale, "predicted_by": self.predicted.describe(),
                 "measured_by": self.measured.describe()}
 
 
