@@ -161,6 +161,8 @@ STEPS: list[tuple[str, list[str], float]] = [
                                 "--shard", "1/2", "--out", "research/cdmpp/results/cdmpp_by_network_totals.jsonl"], 35),
     ("cdmpp-network-totals", [PY, "research/cdmpp/cdmpp_network_totals.py"], 3),
     ("cdmpp-gpu-predict-check", [PY, "research/cdmpp/cdmpp_gpu_predict_check.py", "--holdout"], 25),
+    # the H100 model's prices of Korch candidates vs Inductor's kernels timed on the H100 (#62 step 3)
+    ("cdmpp-gpu-prices-inductor", [PY, "research/cdmpp/cdmpp_gpu_prices_inductor.py"], 6),
     # the H200 re-timed the H100's programs (research/notes/cdmpp.md, "A second GPU: the H200"): the gap
     # between the two, then the held-out-device split from one to the other
     ("cdmpp-gpu-ratio", [PY, "research/cdmpp/cdmpp_domain_ratio.py", "h100", "h200", "--data", "data/cdmpp-h100", "--json",
