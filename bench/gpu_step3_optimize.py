@@ -2,6 +2,7 @@
 
     python bench/gpu_step3_optimize.py prepare          # here (TVM): price the models' candidates as h100
                                                         #   -> bench/gpu_inputs/optimize_gpu_predictions.sqlite (+ .json)
+    python bench/gpu_step3_optimize.py check            # here: the committed store still answers every price
     python bench/gpu_step3_optimize.py run              # device: both ways of planning per model -> $OUT/optimize_gpu.json
     python bench/gpu_step3_optimize.py run --dry-run    # here: the same on this CPU (tiny-cnn), no GPU
 
@@ -88,6 +89,31 @@ def prepare(args) -> int:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     log(f"wrote {args.out} and {store} ({store.stat().st_size / 1e6:.1f} MB)")
     return 0
+
+
+def check(args) -> int:
+    """Price each model again on a copy of the committed store: every price must be found there
+    (nothing drawn), or the device, which has no TVM, would stop; e.g. after the GPU model changed."""
+    from tensorplan import devices
+    from tensorplan.workflows.optimize_gpu import GPU_SAMPLES, optimize_gpu
+    from tensorplan.zoo.specs import as_graph
+
+    stale = []
+    with tempfile.TemporaryDirectory() as td:
+        copy = Path(td) / "copy.sqlite"
+        with sqlite3.connect(args.store) as src, sqlite3.connect(copy) as dst:
+            src.backup(dst)
+        for name in args.models:
+            plan = optimize_gpu(as_graph(name, None, 17), devices.device(PRICE_AS), budget_s=3600.0,
+                                t_start=time.perf_counter(), phases={}, store=copy, samples=GPU_SAMPLES,
+                                max_nodes=MAX_NODES, price_only=True)
+            tuned = plan.stats["cost_model"]["tuned"]
+            log(f"{name}: {tuned['cache_hits']} CUDA prices found in the store, {tuned['searched']} missing")
+            if tuned["searched"]:
+                stale.append(name)
+    if stale:
+        log(f"STALE: {', '.join(stale)} would need TVM on the device: rerun `prepare` and commit the store")
+    return 1 if stale else 0
 
 
 # -- one way of planning, in its own process ---------------------------------------------------------
@@ -297,6 +323,9 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--store", default=str(STORE))
     p.add_argument("--out", default=str(PRICING_JSON))
+    k = sub.add_parser("check", help="here: the committed store answers every price (no TVM needed there)")
+    k.add_argument("--models", nargs="+", default=list(MODELS))
+    k.add_argument("--store", default=str(STORE))
     r = sub.add_parser("run", help="device: optimize from the stored predictions vs Korch fully measured")
     r.add_argument("--models", nargs="+", help=f"default {' '.join(MODELS)} (dry run: tiny-cnn)")
     r.add_argument("--rounds", type=int, help=f"timed runs per system (default {ROUNDS}; dry run 5)")
@@ -313,7 +342,7 @@ def main(argv=None) -> int:
     c.add_argument("--info", required=True)
     c.add_argument("--budget-s", type=float, default=480.0)
     args = ap.parse_args(argv)
-    return {"prepare": prepare, "run": run, "plan": plan_one}[args.cmd](args)
+    return {"prepare": prepare, "check": check, "run": run, "plan": plan_one}[args.cmd](args)
 
 
 if __name__ == "__main__":

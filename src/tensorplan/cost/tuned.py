@@ -72,12 +72,14 @@ class TunedPrediction:
     def to_extra(self) -> dict:
         return {"default_s": self.default_s, "draws": self.draws, "sampled": self.sampled,
                 "ranked": [{"index": r.index, "predicted_s": r.predicted_s,
-                            **({"trace": r.schedule["trace"]} if r.index >= 0 else {})} for r in self.ranked]}
+                            **({"trace": r.schedule["trace"]} if r.index >= 0 and "trace" in r.schedule else {})}
+                           for r in self.ranked]}
 
     @classmethod
     def from_record(cls, rec: dict) -> "TunedPrediction":
         ex = rec.get("extra") or {}
-        ranked = [RankedSchedule({"name": "sampled", "trace": r["trace"]} if r["index"] >= 0 else dict(DEFAULT),
+        ranked = [RankedSchedule({"name": "sampled", **({"trace": r["trace"]} if "trace" in r else {})}
+                                 if r["index"] >= 0 else dict(DEFAULT),
                                  float(r["predicted_s"]), int(r["index"])) for r in ex.get("ranked", [])]
         return cls(best_s=float(rec["min_s"]), default_s=float(ex.get("default_s", math.inf)), ranked=ranked,
                    draws=int(ex.get("draws", 0)), sampled=int(ex.get("sampled", 0)))
@@ -473,6 +475,8 @@ class TunedCost:
                 ranked.append(RankedSchedule(dict(DEFAULT), s.default_s))
                 ranked.sort(key=lambda r: r.predicted_s)
             keep = ranked[:KEEP]
+            if self.gpu:    # PyTorch builds what runs on a GPU: TVM's schedules are never compiled, so not kept
+                keep = [RankedSchedule({"name": "sampled"}, r.predicted_s, r.index) for r in keep]
             if cpu_default and not any(r.index < 0 for r in keep):
                 keep[-1] = RankedSchedule(dict(DEFAULT), s.default_s)
             p = TunedPrediction(best_s=ranked[0].predicted_s, default_s=s.default_s, ranked=keep, draws=s.draws,
