@@ -47,6 +47,19 @@ PRICING_JSON = INPUTS / "optimize_gpu_predictions.json"
 ROUNDS = 200
 MAX_NODES = 8
 T0 = time.perf_counter()
+# the dry run's planning processes run as on the device, where TVM is absent: importing it fails
+NO_TVM_SITE = """
+import importlib.abc, importlib.machinery, sys
+class _NoTVM(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tvm", "tvm_ffi"):
+            return importlib.machinery.ModuleSpec(name, self)
+    def create_module(self, spec):
+        raise ImportError(f"No module named '{spec.name}' (the dry run hides TVM, as the GPU machine lacks it)")
+    def exec_module(self, module):
+        pass
+sys.meta_path.insert(0, _NoTVM())
+"""
 
 
 def log(msg: str) -> None:
@@ -167,6 +180,11 @@ def _child(how: str, model: str, work: Path, device: str, jobs: int, store: Path
     cache.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
            "PYTHONUNBUFFERED": "1"}
+    if device != "cuda":                  # dry run: no TVM in the planning process, as on the device
+        site = work / "no_tvm_site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(NO_TVM_SITE)
+        env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     cmd = [sys.executable, __file__, "plan", how, model, "--device", device, "--jobs", str(jobs),
            "--plan", str(work / f"{how}.plan.json"), "--info", str(work / f"{how}.json"), "--budget-s", str(budget_s)]
     if store is not None:
