@@ -10,9 +10,8 @@ the prediction for good, and every measurement lands in the store, so a second r
 from __future__ import annotations
 
 import math
+import statistics
 import time
-
-import numpy as np
 from typing import TYPE_CHECKING, Any
 
 from tensorplan.ir.graph import Graph
@@ -177,7 +176,7 @@ class LazyCost:
                 logs.append(math.log(m / p))
         if logs:
             n = len(logs)
-            self.tuned_scale = math.exp(float(np.median(logs)) * n / (n + SCALE_PRIOR_POINTS))
+            self.tuned_scale = math.exp(statistics.median(logs) * n / (n + SCALE_PRIOR_POINTS))
             self._tuned_scale_points = n
 
     def cost(self, prim: Graph, cand: "Candidate") -> float:

@@ -95,6 +95,7 @@ class TorchDeviceCost:
         self._log = log or (lambda m: None)
         self.cached_hits = 0
         self.store, self.dev_key = None, ""
+        self._keys: dict[str, str] = {}          # canonical hash -> the store's program key
         if store is not None:
             from tensorplan import devices
             from tensorplan.measure.store import Store
@@ -158,12 +159,17 @@ class TorchDeviceCost:
 
     # -- internals --------------------------------------------------------------------------
     def _prog_key(self, prim: Graph, c: "Candidate") -> str:
-        import torch
-        from tensorplan.cost import node_index
-        byname = node_index(prim)
-        return self.store.put_program(PROGRAM_KIND, {
-            "canonical_hash": c.canonical_hash, "kind": c.kind, "ops": [byname[n].op for n in c.nodes],
-            "backend": self.name, "torch": torch.__version__, "graph_calls": self.graph_calls})
+        key = self._keys.get(c.canonical_hash)
+        if key is None:
+            import torch
+
+            from tensorplan.cost import node_index
+            byname = node_index(prim)           # cached per graph
+            ops = [byname[n].op for n in c.nodes]
+            key = self._keys[c.canonical_hash] = self.store.put_program(PROGRAM_KIND, {
+                "canonical_hash": c.canonical_hash, "kind": c.kind, "ops": ops,
+                "backend": self.name, "torch": torch.__version__, "graph_calls": self.graph_calls})
+        return key
 
     def _keep(self, prim: Graph, c: "Candidate") -> None:
         """The timing just taken, into the store (a failure too: it is not built again)."""

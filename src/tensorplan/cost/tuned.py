@@ -209,8 +209,8 @@ class TunedCost:
     (default store); `threads`: the thread count kernels are scheduled for (default: the device's);
     `samples`: design-space draws per candidate at most (0: the default schedule only); `model`: an
     estimator or a predictor file (default: this CPU's calibration when `tensorplan calibrate` made
-    one, else the shipped CDMPP; on a GPU the shipped H100 model); `fallback`: the KernelCost of every other candidate; `workers`:
-    forked sampling workers (default every usable core); `adaptive`: stop a candidate's search when
+    one, else the shipped CDMPP; on a GPU the shipped H100 model); `fallback`: the KernelCost of
+    every other candidate; `workers`: forked sampling workers (default every usable core); `adaptive`: stop a candidate's search when
     a round of `ROUND` draws improves its best by no more than `STABLE_GAIN`."""
 
     name = "tuned"

@@ -22,6 +22,7 @@ from tensorplan.workflows.orchestrate import Problem, prepare
 # kernel ~0.2-0.3) could make it win, so timing it decides nothing
 RUNNER_UP_MARGIN = 0.25
 MAX_ITERATIONS = 30
+MEASURE_UNTIL = 0.70     # of the budget: lazy measurement stops starting new rounds after this
 
 
 @dataclass
@@ -51,10 +52,11 @@ def priced_problem(g: Graph, spec: Any, cm: Any, *, phases: dict[str, float], th
 
 
 def measure_what_decides(p: Problem, lazy: Any, plan_model: Any, *, deadline: float, time_limit: float,
-                          progress: bool, say: Callable[[str], None]) -> tuple[list[Iteration], str]:
+                         progress: bool, say: Callable[[str], None]) -> tuple[list[Iteration], str]:
     """Solve on the current costs (solo cost + what the plan-time model says the kernel costs inside a
-    plan; `plan_model` None: the solo costs alone, as on a GPU whose plan replays as one CUDA graph); time the solution's unmeasured kernels (and the runner-up solution's, while at least half
-    the time is left); repeat until the solution is all measured, the deadline passes or
+    plan; `plan_model` None: the solo costs alone, as on a GPU whose plan replays as one CUDA graph);
+    time the solution's unmeasured kernels (and the runner-up solution's, while at least half the
+    time is left); repeat until the solution is all measured, the deadline passes or
     MAX_ITERATIONS solves. Returns (iterations, why it stopped)."""
     from tensorplan.korch.blp import select
 
@@ -86,7 +88,7 @@ def measure_what_decides(p: Problem, lazy: Any, plan_model: Any, *, deadline: fl
         batch = list(todo)
         if deadline - now > 0.5 * (deadline - started) and not stable:
             batch += runner_up(prim, cands, objective, sel.chosen, lazy, time_limit,
-                                within_s=(1 + RUNNER_UP_MARGIN) * float(sel.objective_s))
+                               within_s=(1 + RUNNER_UP_MARGIN) * float(sel.objective_s))
         t0 = time.perf_counter()
         it.measured_now = lazy.measure(prim, batch, progress=progress, deadline=deadline)
         lazy.repredict(prim, cands)
@@ -98,7 +100,7 @@ def measure_what_decides(p: Problem, lazy: Any, plan_model: Any, *, deadline: fl
 
 
 def runner_up(prim: Graph, cands: list, objective: np.ndarray, chosen: list[int], lazy: Any,
-               time_limit: float, within_s: float = math.inf) -> list:
+              time_limit: float, within_s: float = math.inf) -> list:
     """The unmeasured kernels of the best solution that avoids the chosen fused kernels (singletons
     stay allowed, so it always exists): the alternative a measurement could turn to. None when that
     solution's predicted objective exceeds `within_s` (it cannot decide)."""
@@ -118,4 +120,4 @@ def runner_up(prim: Graph, cands: list, objective: np.ndarray, chosen: list[int]
     return [cands[pos[i]] for i in sel.chosen if not lazy.is_measured(cands[pos[i]])]
 
 
-__all__ = ["Iteration", "MAX_ITERATIONS", "RUNNER_UP_MARGIN", "measure_what_decides", "priced_problem", "runner_up"]
+__all__ = ["Iteration", "MAX_ITERATIONS", "MEASURE_UNTIL", "RUNNER_UP_MARGIN", "measure_what_decides", "priced_problem", "runner_up"]

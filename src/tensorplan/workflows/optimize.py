@@ -30,7 +30,7 @@ from tensorplan import devices
 from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir.graph import Graph
 from tensorplan.runtime.plan import Plan
-from tensorplan.workflows.lazy_loop import Iteration, measure_what_decides, priced_problem
+from tensorplan.workflows.lazy_loop import MEASURE_UNTIL, Iteration, measure_what_decides, priced_problem
 from tensorplan.workflows.optimize_summary import OptimizeSummary
 from tensorplan.workflows.orchestrate import race_finalists, solve_problem
 from tensorplan.workflows.precision_search import FP32_RUNNER
@@ -38,7 +38,6 @@ from tensorplan.workflows.precision_search import check_arguments as check_preci
 from tensorplan.zoo.specs import as_graph
 
 SAMPLE_SHARE = 0.30      # of the budget: schedule sampling + featurising + prediction
-MEASURE_UNTIL = 0.70     # of the budget: lazy measurement stops starting new rounds after this
 MEASURE_UNTIL_PRECISION = 0.50   # the same when a reduced precision is searched after the race
 PRECISION_UNTIL = 0.85   # of the budget: the precision search stops trying new variants after this
 PRECISION_MIN_SHARE = 0.10       # ... but has at least this share of the budget after the race

@@ -30,12 +30,11 @@ from tensorplan import devices
 from tensorplan.errors import PlanError, TensorplanError
 from tensorplan.ir.graph import Graph
 from tensorplan.runtime.plan import Plan
-from tensorplan.workflows.lazy_loop import measure_what_decides, priced_problem
+from tensorplan.workflows.lazy_loop import MEASURE_UNTIL, measure_what_decides, priced_problem
 from tensorplan.workflows.optimize_summary import OptimizeSummary
 from tensorplan.workflows.orchestrate import solve_problem
 
 GPU_SAMPLES = 16          # CUDA schedules drawn per memory kernel (the search stops earlier when stable)
-MEASURE_UNTIL = 0.70      # of the budget: no measuring round starts after this
 PRICE_AS = "h100"         # the GPU the shipped GPU predictor learnt: what an unknown GPU is priced as
 
 
@@ -108,7 +107,6 @@ def optimize_gpu(g: Graph, spec: Any, *, budget_s: float, t_start: float, phases
         iterations, stop = measure_what_decides(problem, cm, None, deadline=t_start + MEASURE_UNTIL * budget,
                                                 time_limit=solve_limit, progress=progress, say=say)
         problem.costs = np.array(cm.cost_many(problem.prim, cands), dtype=np.float64)
-        problem.overhead = None
     phases["measure_s"] = sum(it.measure_s for it in iterations)
     phases["solve_s"] = sum(it.solve_s for it in iterations)
     plan = solve_problem(problem, say=say, **solve)
@@ -124,19 +122,17 @@ def optimize_gpu(g: Graph, spec: Any, *, budget_s: float, t_start: float, phases
         _check_and_time(plan, problem.prim, summary, feeds, device=torch_device or "cuda", compile=compile,
                         peers=peers, opset=opset, deadline=deadline, say=say)
     plan.stats["cost_model"] = cm.describe()
-    if out_dir is not None:
-        from tensorplan.workflows.optimize_report import write_optimize_report
-        t0 = time.perf_counter()
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
         summary.artifacts = {"plan": str(out / "plan.json"), "report": str(out / "report.html")}
-        phases["write_s"] = time.perf_counter() - t0
     summary.total_s = time.perf_counter() - t_start
     plan.timing["total_s"] = summary.total_s
     plan.stats["optimize"] = summary.to_dict()
-    if out_dir is not None:
-        plan.save(Path(out_dir) / "plan.json")
-        write_optimize_report(plan, summary, Path(out_dir) / "report.html")
+    if out is not None:     # the saved plan and report carry the final summary
+        from tensorplan.workflows.optimize_report import write_optimize_report
+        out.mkdir(parents=True, exist_ok=True)
+        plan.save(out / "plan.json")
+        write_optimize_report(plan, summary, out / "report.html")
     if price_only:
         say(f"price-only: {len(uniq)} kernels priced into {st.path}; the plan on predictions has "
             f"{len(plan.kernels)} kernels, {plan.predicted_s * 1e3:.3f} ms predicted (not timed, not checked)")
